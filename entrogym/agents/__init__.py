@@ -1,0 +1,1 @@
+"""LLM agent, inference engines and rollout collection."""

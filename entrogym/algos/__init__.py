@@ -1,0 +1,1 @@
+"""The algorithm core: advantages, clipped losses, entropy control, presets, buffers."""

@@ -1,0 +1,60 @@
+"""Group-relative advantage estimators (paper Sec. 2, "Preliminaries").
+
+Both take one terminal reward per trajectory and the id of the group (task) it was sampled for;
+the K samples of a task form one group.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from entrogym.algos.checks import check_group_inputs
+
+
+def rloo(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """REINFORCE leave-one-out advantage (Sec. 2, "RLOO").
+
+    A_i = r_i - 1/(K-1) * sum_{j != i} r_j, computed as the paper's equivalent closed form
+    K/(K-1) * (r_i - mean_j r_j). Groups may have different sizes (early stopping); every group
+    needs at least two trajectories, since a leave-one-out baseline of nothing is undefined.
+    """
+    rewards, inverse, counts = check_group_inputs(rewards, group_ids, min_group_size=2)
+    sums = torch.zeros(counts.numel(), dtype=rewards.dtype).index_add_(0, inverse, rewards)
+    k = counts[inverse].to(rewards.dtype)
+    mean = sums[inverse] / k
+    return k / (k - 1) * (rewards - mean)
+
+
+def grpo(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """GRPO advantage (Sec. 2, "GRPO"): (r_i - mean) / (std + eps) within each group.
+
+    The std is the sample standard deviation with Bessel's correction, as TRL and verl compute it.
+    A group whose rewards are all equal carries no signal and gets exactly 0 (the numerator is 0).
+    """
+    rewards, inverse, counts = check_group_inputs(rewards, group_ids, min_group_size=2)
+    n_groups = counts.numel()
+    k = counts.to(rewards.dtype)
+    mean = torch.zeros(n_groups, dtype=rewards.dtype).index_add_(0, inverse, rewards) / k
+    centred = rewards - mean[inverse]
+    var = torch.zeros(n_groups, dtype=rewards.dtype).index_add_(0, inverse, centred**2) / (k - 1)
+    return centred / (var.sqrt()[inverse] + eps)
+
+
+ADVANTAGES = {"rloo": rloo, "grpo": grpo}
+
+
+def compute_advantages(kind: str, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """Dispatch by name (``"rloo"`` or ``"grpo"``), as presets name their estimator."""
+    if kind not in ADVANTAGES:
+        raise ValueError(
+            f"advantage: unknown estimator {kind!r}; choose one of {sorted(ADVANTAGES)}"
+        )
+    return ADVANTAGES[kind](rewards, group_ids)
+
+
+def zero_advantage_groups(advantages: torch.Tensor, group_ids: torch.Tensor) -> int:
+    """Number of groups whose advantages are all zero: they carry no policy-gradient signal."""
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    nonzero = torch.zeros(int(inverse.max()) + 1, dtype=torch.long)
+    nonzero.index_add_(0, inverse, (advantages != 0).long())
+    return int((nonzero == 0).sum())

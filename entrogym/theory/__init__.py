@@ -1,0 +1,1 @@
+"""Numerical checks of the paper's theory (Thm 1-3, Cor 1) and the bandit lab."""

@@ -1,0 +1,1 @@
+"""Policy, log-probs, distributed wrap, trainer loop, checkpoints, metrics."""
