@@ -1,0 +1,134 @@
+"""The shared update step: composition order, controllers, skipped steps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from entrogym.algos.entropy import repo_r
+from entrogym.algos.presets import get_algorithm
+from entrogym.algos.update import EntropyControl, policy_update
+
+
+def _tabular(n_arms=4, k=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.nn.Parameter(torch.randn(n_arms, generator=g, dtype=torch.float64))
+    actions = torch.multinomial(torch.softmax(logits.detach(), -1), 2 * k, True, generator=g)
+    rewards = (actions == 0).double()
+    groups = torch.arange(2 * k) // k
+    return logits, actions, rewards, groups
+
+
+def _score_fn(logits, actions):
+    def score(index, need_entropy):
+        logp_all = torch.log_softmax(logits, -1)
+        lp = logp_all[actions[index]][:, None]
+        ent = (
+            -(logp_all.exp() * logp_all).sum().expand(len(index))[:, None] if need_entropy else None
+        )
+        return lp, ent
+
+    return score
+
+
+def test_rloo_update_is_one_plain_policy_gradient_step():
+    logits, actions, rewards, groups = _tabular()
+    cfg = get_algorithm("rloo")
+    opt = torch.optim.SGD([logits], lr=0.1)
+    start = logits.detach().clone()
+    old = torch.log_softmax(start, -1)[actions][:, None]
+
+    def step(loss):
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return True
+
+    m = policy_update(
+        cfg,
+        EntropyControl(cfg),
+        rewards=rewards,
+        group_ids=groups,
+        old_logprobs=old,
+        mask=torch.ones_like(old),
+        score=_score_fn(logits, actions),
+        step=step,
+    )
+    # Reference: REINFORCE with the leave-one-out baseline, mean over trajectories.
+    ref = start.clone().requires_grad_(True)
+    k = 6
+    adv = torch.empty(12, dtype=torch.float64)
+    for i in range(12):
+        same = [j for j in range(12) if groups[j] == groups[i] and j != i]
+        adv[i] = rewards[i] - rewards[same].mean()
+    obj = (adv * torch.log_softmax(ref, -1)[actions]).mean()
+    (grad,) = torch.autograd.grad(obj, ref)
+    torch.testing.assert_close(logits.detach(), start + 0.1 * grad)
+    assert m["optimizer_steps"] == 1 and m["ratio_max"] == pytest.approx(1.0)
+    assert k == 6
+
+
+def test_repo_r_uses_latest_logprobs_and_controller_moves_after_target():
+    logits, actions, rewards, groups = _tabular(seed=1)
+    cfg = get_algorithm("repo-r", minibatch_size=4)
+    control = EntropyControl(cfg)
+    old = torch.log_softmax(logits.detach(), -1)[actions][:, None]
+    seen = []
+
+    def step(loss):
+        seen.append(float(loss.detach()))
+        return True
+
+    policy_update(
+        cfg,
+        control,
+        rewards=rewards,
+        group_ids=groups,
+        old_logprobs=old,
+        mask=torch.ones_like(old),
+        score=_score_fn(logits, actions),
+        step=step,
+    )
+    assert len(seen) == cfg.epochs * 3  # 12 trajectories in minibatches of 4
+    assert control.target == pytest.approx(float(-old.mean()))
+    assert control.coefficient == cfg.zeta_init  # first iteration only sets the target
+    control.observe(control.target - 1.0)  # entropy fell: zeta doubles
+    assert control.coefficient == 2 * cfg.zeta_init
+    # shaping really is REPO-R on the score's log-probs
+    adv = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    lp = torch.tensor([[-2.0], [-2.0]], dtype=torch.float64)
+    from entrogym.algos.update import shape_advantages
+
+    torch.testing.assert_close(shape_advantages(control, adv, lp), repo_r(adv, lp, 2e-3))
+
+
+def test_entropy_bonus_needs_entropies_and_nan_loss_is_skipped():
+    logits, actions, rewards, groups = _tabular(seed=2)
+    old = torch.log_softmax(logits.detach(), -1)[actions][:, None]
+    cfg = get_algorithm("grpo-entropy-bonus", minibatch_size=None, epochs=1)
+
+    def no_entropy(index, need):
+        return torch.log_softmax(logits, -1)[actions[index]][:, None], None
+
+    with pytest.raises(ValueError, match="entropies"):
+        policy_update(
+            cfg,
+            EntropyControl(cfg),
+            rewards=rewards,
+            group_ids=groups,
+            old_logprobs=old,
+            mask=torch.ones_like(old),
+            score=no_entropy,
+            step=lambda loss: True,
+        )
+    m = policy_update(
+        cfg,
+        EntropyControl(cfg),
+        rewards=rewards,
+        group_ids=groups,
+        old_logprobs=old,
+        mask=torch.ones_like(old),
+        score=_score_fn(logits, actions),
+        step=lambda loss: False,
+    )
+    assert m["skipped_steps"] == 1 and m["optimizer_steps"] == 0 and m["beta"] == 1e-3
