@@ -38,10 +38,9 @@ def test_rloo_update_is_one_plain_policy_gradient_step():
     start = logits.detach().clone()
     old = torch.log_softmax(start, -1)[actions][:, None]
 
-    def step(loss):
-        opt.zero_grad()
-        loss.backward()
+    def step():
         opt.step()
+        opt.zero_grad()
         return True
 
     m = policy_update(
@@ -52,6 +51,7 @@ def test_rloo_update_is_one_plain_policy_gradient_step():
         old_logprobs=old,
         mask=torch.ones_like(old),
         score=_score_fn(logits, actions),
+        backward=torch.Tensor.backward,
         step=step,
     )
     # Reference: REINFORCE with the leave-one-out baseline, mean over trajectories.
@@ -75,9 +75,8 @@ def test_repo_r_uses_latest_logprobs_and_controller_moves_after_target():
     old = torch.log_softmax(logits.detach(), -1)[actions][:, None]
     seen = []
 
-    def step(loss):
+    def backward(loss):
         seen.append(float(loss.detach()))
-        return True
 
     policy_update(
         cfg,
@@ -87,7 +86,8 @@ def test_repo_r_uses_latest_logprobs_and_controller_moves_after_target():
         old_logprobs=old,
         mask=torch.ones_like(old),
         score=_score_fn(logits, actions),
-        step=step,
+        backward=backward,
+        step=lambda: True,
     )
     assert len(seen) == cfg.epochs * 3  # 12 trajectories in minibatches of 4
     assert control.target == pytest.approx(float(-old.mean()))
@@ -119,7 +119,8 @@ def test_entropy_bonus_needs_entropies_and_nan_loss_is_skipped():
             old_logprobs=old,
             mask=torch.ones_like(old),
             score=no_entropy,
-            step=lambda loss: True,
+            backward=lambda loss: None,
+            step=lambda: True,
         )
     m = policy_update(
         cfg,
@@ -129,6 +130,47 @@ def test_entropy_bonus_needs_entropies_and_nan_loss_is_skipped():
         old_logprobs=old,
         mask=torch.ones_like(old),
         score=_score_fn(logits, actions),
-        step=lambda loss: False,
+        backward=lambda loss: None,
+        step=lambda: False,
     )
     assert m["skipped_steps"] == 1 and m["optimizer_steps"] == 0 and m["beta"] == 1e-3
+
+
+@pytest.mark.parametrize("aggregation", ["sequence-mean", "token-mean"])
+def test_micro_batches_accumulate_to_the_whole_minibatch_gradient(aggregation):
+    g = torch.Generator().manual_seed(5)
+    table = torch.nn.Parameter(torch.randn(10, 7, dtype=torch.float64, generator=g))
+    tokens = torch.randint(0, 7, (10, 5), generator=g)
+    mask = (torch.rand(10, 5, generator=g) > 0.3).double()
+    mask[:, 0] = 1
+    rewards = torch.rand(10, generator=g, dtype=torch.float64)
+    groups = torch.arange(10) // 5
+    old = (
+        torch.log_softmax(table.detach(), -1)[:, None, :]
+        .expand(10, 5, 7)
+        .gather(2, tokens[..., None])[..., 0]
+        + 0.05
+    )
+    cfg = get_algorithm("dapo", epochs=1, minibatch_size=None, aggregation=aggregation)
+
+    def score(index, need):
+        lp = torch.log_softmax(table[index], -1)[:, None, :].expand(len(index), 5, 7)
+        return lp.gather(2, tokens[index][..., None])[..., 0], None
+
+    grads = []
+    for micro in (None, 3):
+        table.grad = None
+        policy_update(
+            cfg,
+            EntropyControl(cfg),
+            rewards=rewards,
+            group_ids=groups,
+            old_logprobs=old,
+            mask=mask,
+            score=score,
+            backward=torch.Tensor.backward,
+            step=lambda: grads.append(table.grad.clone()) or True,
+            micro_batch_size=micro,
+            generator=torch.Generator().manual_seed(0),
+        )
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-12, atol=1e-14)

@@ -2,8 +2,8 @@
 
 The same code drives the LLM trainer and the bandit lab, so what the lab shows about a preset
 is what the trainer does with it. The caller supplies how to score a minibatch (an LLM forward
-pass, or a lookup in a logit table) and how to take an optimizer step (grad clipping, fp16
-scaling); everything algorithmic happens here, in this order:
+pass, or a lookup in a logit table), how to back-propagate (fp16 loss scaling) and how to
+take an optimizer step (grad clipping); everything algorithmic happens here, in this order:
 
     advantages (rloo | grpo)  ->  per minibatch: entropy control (repo-r | repo-d with the latest
     policy's detached log-probs; adapo's eps_high; the bonus's beta)  ->  clipped_policy_loss
@@ -36,8 +36,11 @@ from entrogym.algos.presets import AlgorithmConfig
 # score(index) -> (logprobs [b, T] of the sampled tokens under the current policy,
 #                  exact per-token entropies [b, T] or None when the preset does not need them)
 ScoreFn = Callable[[torch.Tensor, bool], tuple[torch.Tensor, torch.Tensor | None]]
-# step(loss) -> True if the optimizer stepped (False e.g. when fp16 scaling found inf grads)
-StepFn = Callable[[torch.Tensor], bool]
+# backward(loss): back-propagate one micro-batch's (weighted) loss, accumulating gradients
+BackwardFn = Callable[[torch.Tensor], None]
+# step() -> True if the optimizer stepped (False e.g. when fp16 scaling found inf grads);
+# it also clears the accumulated gradients
+StepFn = Callable[[], bool]
 
 
 @dataclass
@@ -110,6 +113,24 @@ def shape_advantages(
     return advantages
 
 
+def micro_batches(index: torch.Tensor, size: int | None) -> list[torch.Tensor]:
+    """Split one minibatch into chunks that fit in memory; their gradients are accumulated."""
+    if size is not None and size < 1:
+        raise ValueError(f"micro_batch_size must be >= 1 or None, got {size}")
+    return [index] if size is None else list(index.split(size))
+
+
+def micro_weight(aggregation: str, chunk_mask: torch.Tensor, minibatch_mask: torch.Tensor) -> float:
+    """The chunk's share of the minibatch loss, so accumulated gradients equal the whole one's.
+
+    ``sequence-mean`` averages over trajectories (share = trajectories in the chunk), while
+    ``token-mean`` averages over action tokens (share = action tokens in the chunk).
+    """
+    if aggregation == "token-mean":
+        return float(chunk_mask.sum() / minibatch_mask.sum())
+    return chunk_mask.shape[0] / minibatch_mask.shape[0]
+
+
 def policy_update(
     config: AlgorithmConfig,
     control: EntropyControl,
@@ -119,7 +140,9 @@ def policy_update(
     old_logprobs: torch.Tensor,
     mask: torch.Tensor,
     score: ScoreFn,
+    backward: BackwardFn,
     step: StepFn,
+    micro_batch_size: int | None = None,
     generator: torch.Generator | None = None,
 ) -> dict[str, float]:
     """Run the preset's epochs x minibatches on one iteration's experience; return metrics.
@@ -127,45 +150,54 @@ def policy_update(
     ``old_logprobs`` must be the trainer's recomputed fp32 log-probs of the sampled tokens under
     the policy that generated them (never the engine's). The entropy fed to the controllers is
     ``sampled_entropy(old_logprobs, mask)``: the entropy of the policy the data came from.
+    Each minibatch is scored in chunks of ``micro_batch_size`` trajectories whose weighted
+    losses are back-propagated one by one (gradient accumulation), then ``step()`` is called.
     """
     advantages = compute_advantages(config.advantage, rewards, group_ids)
     entropy = sampled_entropy(old_logprobs, mask)
     sums: dict[str, float] = {}
-    n_steps = n_skipped = 0
     ratio_maxes: list[float] = []
+    n_chunks = n_steps = n_skipped = 0
     needs_entropy = config.entropy_control == "entropy-bonus"
     for _ in range(config.epochs):
-        for index in minibatch_indices(len(rewards), config.minibatch_size, generator):
-            logprobs, token_entropies = score(index, needs_entropy)
-            adv = shape_advantages(control, advantages[index], logprobs)
-            loss, metrics = clipped_policy_loss(
-                logprobs,
-                old_logprobs[index],
-                adv,
-                mask[index],
-                eps_low=config.eps_low,
-                eps_high=control.clip_high,
-                level=config.ratio_level,
-                aggregation=config.aggregation,
-            )
-            if needs_entropy:
-                if token_entropies is None:
-                    raise ValueError("the entropy-bonus preset needs score() to return entropies")
-                loss = loss + entropy_bonus_loss(token_entropies, mask[index], control.coefficient)
-            if not torch.isfinite(loss):
-                n_skipped += 1
-                continue
-            stepped = step(loss)
+        for minibatch in minibatch_indices(len(rewards), config.minibatch_size, generator):
+            finite = True
+            for index in micro_batches(minibatch, micro_batch_size):
+                logprobs, token_entropies = score(index, needs_entropy)
+                adv = shape_advantages(control, advantages[index], logprobs)
+                loss, metrics = clipped_policy_loss(
+                    logprobs,
+                    old_logprobs[index],
+                    adv,
+                    mask[index],
+                    eps_low=config.eps_low,
+                    eps_high=control.clip_high,
+                    level=config.ratio_level,
+                    aggregation=config.aggregation,
+                )
+                if needs_entropy:
+                    if token_entropies is None:
+                        raise ValueError(
+                            "the entropy-bonus preset needs score() to return entropies"
+                        )
+                    loss = loss + entropy_bonus_loss(
+                        token_entropies, mask[index], control.coefficient
+                    )
+                finite = finite and bool(torch.isfinite(loss))
+                if finite:
+                    backward(loss * micro_weight(config.aggregation, mask[index], mask[minibatch]))
+                metrics["loss"] = float(loss.detach())
+                ratio_maxes.append(metrics.pop("ratio_max"))
+                for key, value in metrics.items():
+                    sums[key] = sums.get(key, 0.0) + value
+                n_chunks += 1
+            # A non-finite loss poisons the accumulated gradient: skip the whole step.
+            stepped = step() if finite else False
             n_steps += int(stepped)
             n_skipped += int(not stepped)
-            metrics["loss"] = float(loss.detach())
-            ratio_maxes.append(metrics.pop("ratio_max"))
-            for key, value in metrics.items():
-                sums[key] = sums.get(key, 0.0) + value
-    n = max(n_steps + n_skipped, 1)
-    out = {key: value / n for key, value in sums.items()}
-    out["ratio_max"] = max(ratio_maxes, default=float("nan"))
+    out = {key: value / max(n_chunks, 1) for key, value in sums.items()}
     out.update(
+        ratio_max=max(ratio_maxes, default=float("nan")),
         entropy=entropy,
         reward_mean=float(rewards.float().mean()),
         zero_adv_groups=zero_advantage_groups(advantages, group_ids),
