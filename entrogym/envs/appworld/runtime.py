@@ -1,0 +1,184 @@
+"""The managed AppWorld runtime: its virtualenv, its data root and its environment server.
+
+``appworld`` needs pydantic<2 and vLLM needs pydantic>=2, so appworld lives in its own
+virtualenv (``.venv-appworld`` at the repository root, made by ``entrogym appworld setup``)
+and is reached over HTTP. ``appworld serve environment`` binds 0.0.0.0 and runs model-written
+code, so we start uvicorn on ``appworld.serve.environment:app`` ourselves: bound to
+127.0.0.1 only, in its own process group, with an address-space limit (RLIMIT_AS) so a
+runaway allocation ends in a MemoryError inside the server instead of taking the machine.
+AppWorld's server holds one world at a time, so each concurrent episode gets its own server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import requests
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+SETUP_HINT = "create it with `entrogym appworld setup` (or `make appworld-setup`)"
+DATA_HINT = (
+    "get the real data with `entrogym appworld setup --download --root DIR` (needs internet), "
+    "or build the offline fixture world with `entrogym appworld fixture DIR`"
+)
+
+
+def default_venv() -> Path:
+    """``$ENTROGYM_APPWORLD_VENV`` or ``<repo>/.venv-appworld``."""
+    return Path(os.environ.get("ENTROGYM_APPWORLD_VENV", REPO_ROOT / ".venv-appworld"))
+
+
+def appworld_python(venv: str | Path | None = None) -> Path:
+    """The interpreter of the AppWorld virtualenv; a clear error if it is missing."""
+    venv = Path(venv) if venv else default_venv()
+    python = venv / "bin" / "python"
+    if not python.exists():
+        raise FileNotFoundError(f"AppWorld virtualenv not found at {venv}: {SETUP_HINT}.")
+    return python
+
+
+def check_root(appworld_root: str | Path | None) -> Path:
+    """Validate an AppWorld root (a folder holding ``data/tasks`` and ``data/datasets``)."""
+    if appworld_root is None:
+        env = os.environ.get("APPWORLD_ROOT")
+        if not env:
+            raise ValueError(f"appworld_root is not set and APPWORLD_ROOT is empty: {DATA_HINT}.")
+        appworld_root = env
+    root = Path(appworld_root).expanduser().resolve()
+    for sub in ("data/tasks", "data/datasets", "data/base_dbs", "data/api_docs"):
+        if not (root / sub).is_dir():
+            raise ValueError(
+                f"appworld_root={str(root)!r} has no {sub}/ (no AppWorld data): {DATA_HINT}."
+            )
+    return root
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def _limit_memory(max_bytes: int):
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (max_bytes, max_bytes))
+
+    return apply
+
+
+class AppWorldServer:
+    """One AppWorld environment server process on 127.0.0.1 (one world at a time)."""
+
+    def __init__(
+        self,
+        appworld_root: str | Path,
+        venv: str | Path | None = None,
+        port: int | None = None,
+        memory_limit_mb: int = 4096,
+        startup_timeout_s: float = 120.0,
+        log_path: str | Path | None = None,
+    ) -> None:
+        self.root = check_root(appworld_root)
+        self.python = appworld_python(venv)
+        self.requested_port = port
+        self.memory_limit_mb = memory_limit_mb
+        self.startup_timeout_s = startup_timeout_s
+        self.log_path = Path(log_path) if log_path else None
+        self.port: int | None = None
+        self.process: subprocess.Popen | None = None
+        self.restarts = 0
+
+    @property
+    def url(self) -> str:
+        if self.port is None:
+            raise RuntimeError("AppWorld server is not started")
+        return f"http://127.0.0.1:{self.port}"
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def start(self) -> None:
+        if self.alive():
+            return
+        if self.requested_port is not None:
+            if port_in_use(self.requested_port):
+                raise ValueError(
+                    f"port={self.requested_port} is already in use on 127.0.0.1: pass another "
+                    "port, or port=None to pick a free one."
+                )
+            self.port = self.requested_port
+        else:
+            self.port = free_port()
+        env = dict(os.environ, APPWORLD_ROOT=str(self.root), PYTHONUNBUFFERED="1")
+        env.pop("PYTHONPATH", None)  # the main venv's paths must not leak into appworld's
+        cmd = [
+            str(self.python), "-m", "uvicorn", "appworld.serve.environment:app",
+            "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning",
+        ]  # fmt: skip
+        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        self.process = subprocess.Popen(
+            cmd,
+            cwd=str(self.root),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT if self.log_path else subprocess.DEVNULL,
+            preexec_fn=_limit_memory(self.memory_limit_mb * 2**20),
+            start_new_session=True,  # own process group: stop() also ends anything it spawned
+        )
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if not self.alive():
+                code = self.process.returncode if self.process else None
+                raise RuntimeError(
+                    f"AppWorld server exited during startup (code {code}); see "
+                    f"{self.log_path or 'its log (pass log_path)'}."
+                )
+            try:
+                if requests.get(self.url + "/", timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise TimeoutError(f"AppWorld server did not answer within {self.startup_timeout_s} s")
+
+    def stop(self) -> None:
+        proc, self.process = self.process, None
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=5)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+
+    def restart(self) -> None:
+        self.stop()
+        self.restarts += 1
+        self.start()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.stop()

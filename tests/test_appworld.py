@@ -1,0 +1,269 @@
+"""AppWorld on the real ``appworld`` package, against the offline fixture world.
+
+Needs ``.venv-appworld`` (``make appworld-setup`` / ``entrogym appworld setup``); without it
+the AppWorld tests FAIL with that command instead of skipping.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from entrogym.envs.appworld import metrics
+from entrogym.envs.appworld.prompt import clip_output, extract_code
+from entrogym.envs.appworld.runtime import appworld_python, default_venv
+
+# ----- pure functions (no AppWorld needed) -----------------------------------------------------
+
+
+def test_tgc_sgc_match_appworld_definition() -> None:
+    success = {"a_1": True, "a_2": True, "a_3": True, "b_1": True, "b_2": False, "c_1": False}
+    assert metrics.task_goal_completion(success) == pytest.approx(4 / 6)
+    assert metrics.scenario_goal_completion(success) == pytest.approx(1 / 3)
+    with pytest.raises(ValueError, match="SCENARIO_N"):
+        metrics.scenario_id("bad_task_id")
+    with pytest.raises(ValueError):
+        metrics.task_goal_completion({})
+
+
+def test_pass_at_k_unbiased_estimator() -> None:
+    assert metrics.pass_at_k(4, 0, 2) == 0.0
+    assert metrics.pass_at_k(4, 4, 1) == 1.0
+    assert metrics.pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    assert metrics.pass_at_k(4, 1, 2) == pytest.approx(1 - 3 / 6)  # 1 - C(3,2)/C(4,2)
+    assert metrics.mean_pass_at_k({"x": [True, False], "y": [False, False]}, 2) == pytest.approx(
+        0.5
+    )
+    assert metrics.accuracy({"x": [True, False], "y": [True, True]}) == pytest.approx(0.75)
+    with pytest.raises(ValueError, match="k"):
+        metrics.pass_at_k(2, 1, 3)
+
+
+def test_extract_code_and_clip() -> None:
+    assert extract_code("no code here") is None
+    assert extract_code("a\n```python\nx = 1\n```\nb\n```\nprint(x)\n```") == "x = 1\n\nprint(x)"
+    assert extract_code("cut off\n```python\nprint(1)") == "print(1)"
+    clipped = clip_output("x" * 10_000, 100)
+    assert len(clipped) < 200 and "9900 characters omitted" in clipped
+
+
+# ----- the fixture world and the env -----------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def world_root() -> Path:
+    try:
+        appworld_python()
+    except FileNotFoundError as exc:
+        pytest.fail(f"{exc} (`make appworld-setup` creates it; AppWorld tests do not skip)")
+    from entrogym.envs.appworld.fixture import cached_fixture
+
+    return cached_fixture()  # $ENTROGYM_CACHE or ~/.cache/entrogym, keyed by the builder hash
+
+
+def _solution(root: Path, task_id: str) -> str:
+    code = (root / "data" / "tasks" / task_id / "ground_truth" / "solution.py").read_text()
+    code = "\n".join(line for line in code.splitlines() if not line.startswith("# Canary"))
+    return f"Here is my code.\n```python\n{code}\nsolution(apis, requester)\n```\n"
+
+
+@pytest.fixture(scope="module")
+def env(world_root: Path):
+    from entrogym.envs.appworld.env import AppWorldEnv
+
+    e = AppWorldEnv("train", world_root, exec_timeout_s=3)
+    yield e
+    e.close()
+
+
+@pytest.mark.appworld
+def test_fixture_world_shape_and_appworld_verify(world_root: Path) -> None:
+    data = world_root / "data"
+    splits = {s: (data / "datasets" / f"{s}.txt").read_text().split() for s in
+              ("train", "dev", "test_normal", "test_challenge")}  # fmt: skip
+    all_ids = [t for ids in splits.values() for t in ids]
+    assert all(splits.values()) and len(all_ids) >= 12 and len(set(all_ids)) == len(all_ids)
+    apps = {
+        (data / "tasks" / t / "ground_truth" / "required_apps.json").read_text() for t in all_ids
+    }
+    assert len(apps) >= 4
+    python = appworld_python()
+    out = subprocess.run(
+        [str(python.parent / "appworld"), "verify", "tasks", "--root", str(world_root)],
+        capture_output=True, text=True, timeout=300, cwd=str(world_root),
+    )  # fmt: skip
+    n = len(splits["train"]) + len(splits["dev"])
+    assert f"Passed {n}/{n} tasks." in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
+
+
+@pytest.mark.appworld
+@pytest.mark.parametrize("mode", ["binary", "fraction"])
+def test_reference_solutions_get_full_reward(world_root: Path, mode: str) -> None:
+    from entrogym.envs.appworld.env import AppWorldEnv
+
+    env = AppWorldEnv("test_normal", world_root, reward=mode)
+    try:
+        task_ids = [t for s in env.splits for t in env.task_ids(s)]
+        for task_id in task_ids:
+            obs, info = env.reset(options={"task_id": task_id})
+            assert info["instruction"] in obs and "apis.api_docs.show_app_descriptions()" in obs
+            _, reward, terminated, truncated, info = env.step(_solution(world_root, task_id))
+            assert terminated and not truncated, (task_id, info)
+            assert reward == 1.0 and info["success"], (task_id, info)
+            assert info["fails"] == 0 and info["passes"] == info["num_tests"] > 0
+            assert info["scenario_id"] == task_id.split("_")[0]
+    finally:
+        env.close()
+
+
+@pytest.mark.appworld
+def test_partly_wrong_solution_gets_partial_fraction_and_zero_binary(world_root: Path, env) -> None:
+    wrong = _solution(world_root, "newnote_1").replace("Squats on Monday", "Run on Friday")
+    env.reward_mode = "fraction"
+    env.reset(options={"task_id": "newnote_1"})
+    _, reward, terminated, _, info = env.step(wrong)
+    assert terminated and 0.0 < reward < 1.0 and reward == pytest.approx(2 / 3)
+    assert info["reward_parts"]["binary"] == 0.0 and not info["success"]
+    env.reward_mode = "binary"
+    env.reset(options={"task_id": "newnote_1"})
+    _, reward, _, _, info = env.step(wrong)
+    assert reward == 0.0 and info["reward_parts"]["fraction"] == pytest.approx(2 / 3)
+    env.reward_mode = "fraction"
+
+
+@pytest.mark.appworld
+def test_bad_actions_give_clear_observations_and_server_survives(world_root: Path, env) -> None:
+    env.reset(options={"task_id": "notecount_1"})
+    obs, reward, term, trunc, info = env.step("I am not sure what to do.")
+    assert "No Python code block" in obs and info["turn"] == 1 and not (term or trunc)
+    obs, *_ = env.step("```python\ndef broken(:\n```")
+    assert "Syntax error" in obs
+    obs, *_ = env.step("```python\nwhile True:\n    pass\n```")
+    assert "timed out" in obs
+    obs, *_ = env.step("```python\nimport os; os.system('touch /tmp/entrogym-pwned')\n```")
+    assert "not allowed" in obs and not Path("/tmp/entrogym-pwned").exists()
+    obs, *_ = env.step("```python\nprint('x' * 100_000_000)\n```")
+    assert "characters omitted" in obs and len(obs) < 20_000
+    obs, *_ = env.step("```python\ngarbage = 'y' * (16 * 2**30)\n```")
+    assert "MemoryError" in obs
+    assert env.server.alive() and env.server.restarts == 0
+    _, reward, term, _, info = env.step(_solution(world_root, "notecount_1"))
+    assert term and reward == 1.0 and info["turn"] == 7
+
+
+@pytest.mark.appworld
+def test_infinite_loop_does_not_block_other_episodes(world_root: Path, env) -> None:
+    from entrogym.envs.appworld.env import AppWorldEnv
+
+    other = AppWorldEnv("dev", world_root)
+    try:
+        env.reset(options={"task_id": "notecount_2"})
+        other.reset(options={"task_id": "donetask_1"})
+        result: dict = {}
+        loop = threading.Thread(
+            target=lambda: result.update(obs=env.step("```python\nwhile True: pass\n```")[0])
+        )
+        loop.start()
+        _, reward, *_ = other.step(_solution(world_root, "donetask_1"))
+        loop.join(timeout=60)
+        assert reward == 1.0 and "timed out" in result["obs"]
+    finally:
+        other.close()
+
+
+@pytest.mark.appworld
+def test_server_binds_loopback_only(world_root: Path, env) -> None:
+    env.reset(options={"task_id": "notecount_1"})
+    port = env.server.port
+    listening = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            if state == "0A" and int(local.split(":")[1], 16) == port:  # 0A = LISTEN
+                listening.append(local.split(":")[0])
+    assert listening == ["0100007F"], listening  # 127.0.0.1 only, no 0.0.0.0, no IPv6
+
+
+@pytest.mark.appworld
+def test_server_death_fails_the_episode_and_restarts(world_root: Path, env) -> None:
+    env.reset(options={"task_id": "newnote_2"})
+    os.killpg(env.server.process.pid, signal.SIGKILL)
+    env.server.process.wait(timeout=10)
+    obs, reward, terminated, _, info = env.step("```python\nprint(1)\n```")
+    assert terminated and reward == 0.0 and info["server_failure"] and not info["success"]
+    assert "failed" in obs and env.server.alive() and env.server.restarts >= 1
+    env.reset(options={"task_id": "newnote_2"})
+    _, reward, *_ = env.step(_solution(world_root, "newnote_2"))
+    assert reward == 1.0
+
+
+@pytest.mark.appworld
+def test_turn_limit_evaluates_the_world(world_root: Path) -> None:
+    from entrogym.envs.appworld.env import AppWorldEnv
+
+    env = AppWorldEnv("train", world_root, max_turns=2)
+    try:
+        env.reset(options={"task_id": "notecount_3"})
+        env.step("```python\nx = 1\n```")
+        _, reward, terminated, truncated, info = env.step("```python\nprint(x)\n```")
+        # Doing nothing passes exactly the tests labelled no_op_pass (here: 1 of 2).
+        assert truncated and not terminated and reward == pytest.approx(0.5)
+        assert info["turn_limit_reached"] and info["passes"] == 1
+    finally:
+        env.close()
+
+
+@pytest.mark.appworld
+def test_check_env_and_gym_make(world_root: Path) -> None:
+    import gymnasium as gym
+    from gymnasium.utils.env_checker import check_env
+
+    import entrogym  # noqa: F401
+
+    env = gym.make("entrogym/AppWorld-v0", split="test_normal", appworld_root=str(world_root))
+    try:
+        assert env.unwrapped.max_turns == 50 and env.unwrapped.reward_mode == "binary"
+        check_env(env.unwrapped, skip_render_check=True)
+    finally:
+        env.close()
+
+
+@pytest.mark.appworld
+def test_bad_input_errors(world_root: Path, tmp_path: Path) -> None:
+    from entrogym.envs.appworld.env import AppWorldEnv
+    from entrogym.envs.appworld.runtime import AppWorldServer
+
+    with pytest.raises(ValueError, match="unknown split"):
+        AppWorldEnv("validation", world_root)
+    with pytest.raises(ValueError, match="appworld fixture"):
+        AppWorldEnv("train", tmp_path)
+    with pytest.raises(FileNotFoundError, match="entrogym appworld setup"):
+        AppWorldEnv("train", world_root, venv=tmp_path / "no-venv")
+    env = AppWorldEnv("train", world_root)
+    try:
+        with pytest.raises(ValueError, match="unknown task_id"):
+            env.reset(options={"task_id": "nosuch_1"})
+        with pytest.raises(ValueError, match="unknown split"):
+            env.task_ids("test")
+        assert env.task_ids("dev") == ["donetask_1", "donetask_2", "donetask_3"]
+    finally:
+        env.close()
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        with pytest.raises(ValueError, match="already in use"):
+            AppWorldServer(world_root, port=busy).start()
+
+
+def test_missing_venv_message(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="entrogym appworld setup"):
+        appworld_python(tmp_path)
+    assert default_venv().name == ".venv-appworld"
