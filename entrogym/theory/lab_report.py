@@ -1,0 +1,158 @@
+"""Summary, claim checks, plot and files of the bandit lab (``entrogym bandit``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# REPO-R and ADAPO should hold entropy near the target: final within this share of the initial.
+HOLD_TOLERANCE = 0.25
+RESERVED_KEYS = ("claims", "config")
+
+
+def _curves(rows: list[dict[str, Any]], initials: dict, algo: str, key: str) -> np.ndarray:
+    """[seeds, iters + 1] curve of ``key`` ("entropy" or "reward"), column 0 = initial policy."""
+    seeds = sorted({r["seed"] for r in rows if r["algo"] == algo})
+    curves = []
+    for seed in seeds:
+        values = [r[key] for r in rows if r["algo"] == algo and r["seed"] == seed]
+        curves.append([initials[algo, seed][key], *values])
+    return np.array(curves, dtype=np.float64)
+
+
+def summarize(rows: list[dict[str, Any]], initials: dict, lab: Any) -> dict[str, Any]:
+    """Per algorithm, means over seeds of the exact entropy and expected reward.
+
+    ``cumulative_entropy`` sums, over iterations, the exact entropy of the policy that collected
+    that iteration's experience (the entropy "experienced during training", paper Fig. 1).
+    """
+    summary: dict[str, Any] = {}
+    for algo in dict.fromkeys(r["algo"] for r in rows):
+        entropy, reward = (
+            _curves(rows, initials, algo, "entropy"),
+            _curves(rows, initials, algo, "reward"),
+        )
+        summary[algo] = {
+            "entropy_initial": float(entropy[:, 0].mean()),
+            "entropy_final": float(entropy[:, -1].mean()),
+            "entropy_final_std": float(entropy[:, -1].std()),
+            "entropy_final_ratio": float((entropy[:, -1] / entropy[:, 0]).mean()),
+            "reward_initial": float(reward[:, 0].mean()),
+            "reward_final": float(reward[:, -1].mean()),
+            "cumulative_entropy": float(entropy[:, :-1].sum(axis=1).mean()),
+            "seeds": int(entropy.shape[0]),
+        }
+    summary["claims"] = check_claims(summary)
+    summary["config"] = asdict(lab)
+    return summary
+
+
+def check_claims(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The paper's Sec. 3 predictions as the lab can show them (only for algorithms that ran)."""
+    claims: dict[str, dict[str, Any]] = {}
+
+    def final(algo: str) -> float:
+        return summary[algo]["entropy_final"]
+
+    if {"grpo", "rloo"} <= summary.keys():
+        claims["grpo_below_rloo"] = {
+            "holds": final("grpo") < final("rloo"),
+            "grpo": final("grpo"),
+            "rloo": final("rloo"),
+        }
+    if {"dapo", "loop"} <= summary.keys():
+        claims["dapo_above_loop"] = {
+            "holds": final("dapo") > final("loop"),
+            "dapo": final("dapo"),
+            "loop": final("loop"),
+        }
+    for algo in ("repo-r", "adapo"):
+        if algo in summary:
+            ratio = final(algo) / summary[algo]["entropy_initial"]
+            claims[f"{algo}_holds_entropy"] = {
+                "holds": abs(ratio - 1.0) <= HOLD_TOLERANCE,
+                "final_over_initial": ratio,
+            }
+    return claims
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write via a temporary file in the same folder and rename, so readers never see half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def plot_curves(rows: list[dict[str, Any]], initials: dict, path: Path) -> None:
+    """Entropy and expected reward per algorithm: mean over seeds, band = min..max over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    algos = list(dict.fromkeys(r["algo"] for r in rows))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    colors = plt.get_cmap("tab10")
+    for i, algo in enumerate(algos):
+        for ax, key in zip(axes, ("entropy", "reward"), strict=True):
+            curves = _curves(rows, initials, algo, key)
+            x = np.arange(curves.shape[1])
+            ax.plot(x, curves.mean(axis=0), color=colors(i % 10), label=algo, lw=1.5)
+            ax.fill_between(
+                x, curves.min(axis=0), curves.max(axis=0), color=colors(i % 10), alpha=0.15
+            )
+    axes[0].set(xlabel="iteration", ylabel="exact policy entropy (nats, mean over states)")
+    axes[1].set(xlabel="iteration", ylabel="expected reward")
+    axes[0].legend(fontsize=8, ncol=2)
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.suptitle("Bandit lab: tabular softmax policy (mean over seeds, band = min..max)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=110)
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        Path(tmp).unlink(missing_ok=True)
+
+
+def write_outputs(
+    out: Path, rows: list[dict[str, Any]], summary: dict[str, Any], initials: dict
+) -> None:
+    """``out/metrics.jsonl``, ``out/summary.json`` and ``out/entropy.png``, each written atomically."""
+    atomic_write_text(out / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    plot_curves(rows, initials, out / "entropy.png")
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    """The summary as an aligned text table followed by the claim checks."""
+    header = f"{'algorithm':<20} {'H init':>7} {'H final':>8} {'final/init':>10} {'R init':>7} {'R final':>8} {'cum H':>8}"
+    lines = [header, "-" * len(header)]
+    for algo, s in summary.items():
+        if algo in RESERVED_KEYS:
+            continue
+        lines.append(
+            f"{algo:<20} {s['entropy_initial']:>7.3f} {s['entropy_final']:>8.3f} "
+            f"{s['entropy_final_ratio']:>10.2f} {s['reward_initial']:>7.3f} "
+            f"{s['reward_final']:>8.3f} {s['cumulative_entropy']:>8.1f}"
+        )
+    for name, claim in summary.get("claims", {}).items():
+        detail = ", ".join(f"{k} {v:.3f}" for k, v in claim.items() if k != "holds")
+        lines.append(f"claim {name}: {'holds' if claim['holds'] else 'DOES NOT HOLD'} ({detail})")
+    return "\n".join(lines)
