@@ -1,0 +1,242 @@
+"""The paper's Figure 1 panels from run folders: ``entrogym plot RUN [RUN ...] --out DIR``.
+
+* ``entropy.png``: mean token entropy against iteration, one line per algorithm; runs with
+  the same ``algo`` (several seeds) are averaged, with a min-max band.
+* ``accuracy.png``: eval accuracy against iteration, the same way.
+* ``accuracy_vs_cumulative_entropy.png``: one point per eval row of every run, x = cumulative
+  entropy up to that iteration, y = accuracy; each run's best point is highlighted.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display on servers and CI
+
+from matplotlib import pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from entrogym.train.metrics import cumulative_entropy, read_metrics  # noqa: E402
+
+# Eval-row fields tried in order when no metric is named: the share of tasks solved.
+ACCURACY_FIELDS = ("accuracy", "success_rate", "tgc", "pass@1")
+
+
+@dataclass
+class Run:
+    """One run folder's metrics, split into what the panels need."""
+
+    path: Path
+    algo: str
+    entropy: dict[int, float] = field(default_factory=dict)  # iteration -> mean entropy
+    cumulative: dict[int, float] = field(default_factory=dict)  # iteration -> cumulative
+    accuracy: dict[int, float] = field(default_factory=dict)  # iteration -> eval accuracy
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def load_run(
+    run_dir: str | os.PathLike[str], *, metric: str | None = None, split: str | None = None
+) -> Run:
+    """Read ``RUN/metrics.jsonl`` into a :class:`Run` (eval rows of ``split`` only, if given)."""
+    path = Path(run_dir)
+    rows = read_metrics(path)
+    algo = next((str(r["algo"]) for r in rows if r.get("algo")), path.name)
+    run = Run(path=path, algo=algo)
+    train = sorted(
+        (r for r in rows if r.get("kind", "train") == "train" and _finite(r.get("entropy"))),
+        key=lambda r: r["iteration"],
+    )
+    for r in train:
+        run.entropy[int(r["iteration"])] = float(r["entropy"])
+    sums = cumulative_entropy(run.entropy.values())
+    for r, computed in zip(train, sums, strict=True):
+        given = r.get("cumulative_entropy")
+        run.cumulative[int(r["iteration"])] = float(given) if _finite(given) else computed
+    evals = [r for r in rows if r.get("kind") == "eval"]
+    if split is None:
+        splits = list(dict.fromkeys(r["split"] for r in evals if "split" in r))
+        if len(splits) > 1:
+            print(f"{path}: eval rows of splits {splits}; plotting {splits[0]!r} (--split)")
+        split = splits[0] if splits else None
+    for r in evals:
+        if split is not None and r.get("split", split) != split:
+            continue
+        names = (metric,) if metric else ACCURACY_FIELDS
+        value = next((r[n] for n in names if _finite(r.get(n))), None)
+        if value is not None:
+            run.accuracy[int(r["iteration"])] = float(value)
+    return run
+
+
+def _cumulative_at(run: Run, iteration: int) -> float:
+    """Cumulative entropy up to ``iteration`` (0 before the first training iteration)."""
+    before = [it for it in run.cumulative if it <= iteration]
+    return run.cumulative[max(before)] if before else 0.0
+
+
+def _grouped(runs: list[Run], attr: str) -> dict[str, list[dict[int, float]]]:
+    groups: dict[str, list[dict[int, float]]] = defaultdict(list)
+    for run in runs:
+        series = getattr(run, attr)
+        if series:
+            groups[run.algo].append(series)
+    return groups
+
+
+def _curve_figure(runs: list[Run], attr: str, ylabel: str, title: str) -> Figure:
+    """One line per algorithm (mean over its runs) with a min-max band where it has several."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for algo, series in _grouped(runs, attr).items():
+        iterations = sorted(set().union(*series))
+        per_it = [[s[it] for s in series if it in s] for it in iterations]
+        mean = [sum(v) / len(v) for v in per_it]
+        label = algo if len(series) == 1 else f"{algo} (mean of {len(series)} runs)"
+        (line,) = ax.plot(iterations, mean, label=label)
+        if len(series) > 1:
+            ax.fill_between(
+                iterations,
+                [min(v) for v in per_it],
+                [max(v) for v in per_it],
+                color=line.get_color(),
+                alpha=0.2,
+                linewidth=0,
+            )
+    ax.set_xlabel("iteration")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    return fig
+
+
+def entropy_figure(runs: list[Run]) -> Figure:
+    """Figure 1 (top row, entropy): mean token entropy over training iterations."""
+    return _curve_figure(runs, "entropy", "mean token entropy (nats)", "Entropy during training")
+
+
+def accuracy_figure(runs: list[Run]) -> Figure:
+    """Figure 1 (top row, accuracy): test accuracy over training iterations."""
+    return _curve_figure(runs, "accuracy", "test accuracy", "Test accuracy during training")
+
+
+def accuracy_vs_entropy_figure(runs: list[Run]) -> Figure:
+    """Figure 1 (bottom row): accuracy of each checkpoint against the cumulative entropy up to
+    it; one scatter per run, coloured by algorithm, best checkpoint per run highlighted."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    colors: dict[str, str] = {}
+    labelled: set[str] = set()
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for run in runs:
+        if not run.accuracy:
+            continue
+        color = colors.setdefault(run.algo, cycle[len(colors) % len(cycle)])
+        its = sorted(run.accuracy)
+        xs = [_cumulative_at(run, it) for it in its]
+        ys = [run.accuracy[it] for it in its]
+        label = None if run.algo in labelled else run.algo
+        labelled.add(run.algo)
+        ax.scatter(xs, ys, color=color, s=18, alpha=0.6, label=label)
+        best = max(range(len(ys)), key=lambda i: (ys[i], -its[i]))
+        ax.scatter(
+            [xs[best]], [ys[best]], color=color, s=90, marker="*", edgecolors="black", zorder=3
+        )
+    ax.set_xlabel("cumulative entropy up to the checkpoint")
+    ax.set_ylabel("test accuracy")
+    ax.set_title("Accuracy vs cumulative entropy (best checkpoint per run: star)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    return fig
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.png")
+    try:
+        fig.savefig(tmp, dpi=120)
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def plot_runs(
+    run_dirs: list[str | os.PathLike[str]],
+    out_dir: str | os.PathLike[str],
+    *,
+    metric: str | None = None,
+    split: str | None = None,
+) -> list[Path]:
+    """Draw the Figure 1 panels for ``run_dirs`` into ``out_dir``; returns the PNGs written."""
+    if not run_dirs:
+        raise ValueError("plot_runs: give at least one run folder")
+    runs = [load_run(d, metric=metric, split=split) for d in run_dirs]
+    if not any(r.entropy for r in runs):
+        raise ValueError(
+            f"no train rows with an 'entropy' field in {[str(r.path) for r in runs]}; "
+            "these do not look like entrogym run folders"
+        )
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = [_save(entropy_figure(runs), out / "entropy.png")]
+    without = [str(r.path) for r in runs if not r.accuracy]
+    if len(without) == len(runs):
+        fields = metric or " / ".join(ACCURACY_FIELDS)
+        print(
+            'accuracy panels skipped: they need eval rows ("kind": "eval" with '
+            f"{fields}) in metrics.jsonl, and none of {without} has any. Train with "
+            "evaluation enabled to get them.",
+            file=sys.stderr,
+        )
+        return written
+    if without:
+        print(f"no eval rows in {without}: left out of the accuracy panels", file=sys.stderr)
+    written.append(_save(accuracy_figure(runs), out / "accuracy.png"))
+    written.append(
+        _save(accuracy_vs_entropy_figure(runs), out / "accuracy_vs_cumulative_entropy.png")
+    )
+    return written
+
+
+def cli(argv: list[str]) -> int:
+    """``entrogym plot RUN [RUN ...] [--out DIR] [--metric NAME] [--split NAME]``."""
+    from jsonargparse import ActionConfigFile, ArgumentParser
+
+    parser = ArgumentParser(
+        prog="entrogym plot",
+        description="Draw the paper's Figure 1 panels (entropy, accuracy, accuracy vs "
+        "cumulative entropy) from run folders into PNG files.",
+    )
+    parser.add_argument("--config", action=ActionConfigFile, help="YAML file with the options")
+    parser.add_argument("runs", nargs="+", type=str, help="run folders (holding metrics.jsonl)")
+    parser.add_argument(
+        "--out", type=str | None, default=None, help="output folder (default: first run)"
+    )
+    parser.add_argument(
+        "--metric",
+        type=str | None,
+        default=None,
+        help=f"eval-row field plotted as accuracy (default: first of {list(ACCURACY_FIELDS)})",
+    )
+    parser.add_argument("--split", type=str | None, default=None, help="eval split to plot")
+    args = parser.parse_args(argv)
+    try:
+        paths = plot_runs(args.runs, args.out or args.runs[0], metric=args.metric, split=args.split)
+    except ValueError as exc:
+        print(f"entrogym plot: {exc}", file=sys.stderr)
+        return 2
+    for p in paths:
+        print(p)
+    return 0

@@ -1,0 +1,113 @@
+"""Figure 1 panels from run folders: PNG files, lines per algorithm, cumulative-entropy points."""
+
+from __future__ import annotations
+
+import pytest
+from matplotlib import pyplot as plt
+from matplotlib.collections import PolyCollection
+
+from entrogym.cli import main as entrogym_main
+from entrogym.train.metrics import MetricsLogger, cumulative_entropy
+from entrogym.train.plots import (
+    accuracy_figure,
+    accuracy_vs_entropy_figure,
+    entropy_figure,
+    load_run,
+    plot_runs,
+)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _write_run(path, algo: str, decay: float, evals: bool = True, iterations: int = 12) -> None:
+    """A run folder as the trainer writes it: train rows, and eval rows every 4 iterations."""
+    total = 0.0
+    with MetricsLogger(path, tensorboard=False) as log:
+        if evals:
+            log.log({"kind": "eval", "iteration": 0, "algo": algo, "accuracy": 0.1}, step=0)
+        for it in range(1, iterations + 1):
+            entropy = 1.0 * decay**it
+            total += entropy
+            row = {"iteration": it, "algo": algo, "entropy": entropy, "cumulative_entropy": total}
+            log.log(row, step=it)
+            if evals and it % 4 == 0:
+                acc = 0.1 + total / 20 + (0.05 if it == 8 else 0.0)
+                log.log({"kind": "eval", "iteration": it, "algo": algo, "accuracy": acc}, step=it)
+
+
+@pytest.fixture
+def runs(tmp_path):
+    dirs = [tmp_path / "grpo-s0", tmp_path / "grpo-s1", tmp_path / "repo-r-s0"]
+    _write_run(dirs[0], "grpo", 0.8)
+    _write_run(dirs[1], "grpo", 0.85)
+    _write_run(dirs[2], "repo-r", 0.97)
+    return dirs
+
+
+def test_load_run_reads_cumulative_entropy_and_eval_points(runs):
+    run = load_run(runs[2])
+    assert run.algo == "repo-r"
+    assert sorted(run.entropy) == list(range(1, 13))
+    assert sorted(run.accuracy) == [0, 4, 8, 12]
+    expected = cumulative_entropy(run.entropy[i] for i in range(1, 13))
+    assert [run.cumulative[i] for i in range(1, 13)] == pytest.approx(expected)
+
+
+def test_panels_have_one_line_per_algorithm_and_one_point_per_eval(runs):
+    loaded = [load_run(d) for d in runs]
+    fig = entropy_figure(loaded)
+    ax = fig.axes[0]
+    assert [line.get_label() for line in ax.get_lines()] == [
+        "grpo (mean of 2 runs)",
+        "repo-r",
+    ]
+    grpo_mean = ax.get_lines()[0].get_ydata()
+    assert grpo_mean[0] == pytest.approx((0.8 + 0.85) / 2)
+    assert sum(isinstance(c, PolyCollection) for c in ax.collections) == 1  # the 2-seed band
+    plt.close(fig)
+
+    fig = accuracy_figure(loaded)
+    assert len(fig.axes[0].get_lines()) == 2
+    plt.close(fig)
+
+    fig = accuracy_vs_entropy_figure(loaded)
+    scatters = fig.axes[0].collections
+    assert len(scatters) == 6  # per run: its checkpoints, and its best one highlighted
+    points = scatters[4].get_offsets()  # repo-r: x = cumulative entropy, y = accuracy
+    assert len(points) == 4 and points[0][0] == 0.0  # the eval before any training
+    assert points[2][0] == pytest.approx(loaded[2].cumulative[8])
+    best = scatters[5].get_offsets()
+    assert len(best) == 1 and best[0][1] == pytest.approx(max(loaded[2].accuracy.values()))
+    plt.close(fig)
+
+
+def test_plot_runs_writes_the_three_pngs(runs, tmp_path):
+    out = tmp_path / "plots"
+    paths = plot_runs(runs, out)
+    assert [p.name for p in paths] == [
+        "entropy.png",
+        "accuracy.png",
+        "accuracy_vs_cumulative_entropy.png",
+    ]
+    for p in paths:
+        data = p.read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 10_000, p
+    assert sorted(q.name for q in out.iterdir()) == sorted(p.name for p in paths)  # no temp files
+
+
+def test_runs_without_eval_rows_get_the_entropy_plot_only(tmp_path, capsys):
+    run = tmp_path / "no-eval"
+    _write_run(run, "dapo", 0.9, evals=False)
+    paths = plot_runs([run], tmp_path / "out")
+    assert [p.name for p in paths] == ["entropy.png"]
+    assert "need eval rows" in capsys.readouterr().err
+
+
+def test_cli(runs, tmp_path, capsys):
+    assert entrogym_main(["plot", *map(str, runs[:2])]) == 0  # default --out: the first run
+    assert (runs[0] / "accuracy_vs_cumulative_entropy.png").stat().st_size > 10_000
+    out = tmp_path / "cli-out"
+    assert entrogym_main(["plot", str(runs[2]), "--out", str(out), "--metric", "accuracy"]) == 0
+    assert (out / "entropy.png").is_file()
+    assert entrogym_main(["plot", str(tmp_path / "missing")]) == 2
+    assert "metrics.jsonl does not exist" in capsys.readouterr().err
