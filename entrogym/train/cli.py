@@ -16,7 +16,9 @@ def build_parser() -> ArgumentParser:
         description="RL-train a LoRA policy on a registered text env with a preset algorithm.",
         default_meta=False,
     )
-    parser.add_argument("--config", action=ActionConfigFile, help="YAML file with any of the options")
+    parser.add_argument(
+        "--config", action=ActionConfigFile, help="YAML file with any of the options"
+    )
     parser.add_class_arguments(TrainConfig, nested_key=None, fail_untyped=True)
     return parser
 

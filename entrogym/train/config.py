@@ -31,7 +31,8 @@ class TrainConfig:
         samples: K, rollouts per task (paper: 6).
         max_response_tokens: per-turn generation budget (paper: 4096 for AIME).
         max_context_tokens: whole-episode context limit (paper: 32K for AppWorld).
-        max_turns: turn limit for multi-turn envs (None = the env's own).
+        on_turn_budget: a turn that hits ``max_response_tokens``: ``truncate`` ends the episode
+            as a failure (the paper's rule), ``step`` hands the cut text to the env and goes on.
         temperature: sampling temperature of rollouts.
         early_stop_min_per_task: rollouts per task needed before the batch may stop early.
         early_stop_fraction: share of all rollouts needed before stopping early (paper: 0.9).
@@ -65,7 +66,7 @@ class TrainConfig:
     samples: int = 6
     max_response_tokens: int = 256
     max_context_tokens: int = 4096
-    max_turns: int | None = None
+    on_turn_budget: Literal["truncate", "step"] = "truncate"
     temperature: float = 1.0
     early_stop_min_per_task: int = 4
     early_stop_fraction: float = 0.9
@@ -95,16 +96,22 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.samples < 2:
-            raise ValueError(f"samples must be >= 2 (K rollouts per task form a group), got {self.samples}")
+            raise ValueError(
+                f"samples must be >= 2 (K rollouts per task form a group), got {self.samples}"
+            )
         if not 1 <= self.early_stop_min_per_task <= self.samples:
             raise ValueError(
                 f"early_stop_min_per_task must be in [1, samples={self.samples}], "
                 f"got {self.early_stop_min_per_task}"
             )
         if not 0 < self.early_stop_fraction <= 1:
-            raise ValueError(f"early_stop_fraction must be in (0, 1], got {self.early_stop_fraction}")
+            raise ValueError(
+                f"early_stop_fraction must be in (0, 1], got {self.early_stop_fraction}"
+            )
         if self.resume and self.init_adapter:
-            raise ValueError("use either resume (continue this run) or init_adapter (new run), not both")
+            raise ValueError(
+                "use either resume (continue this run) or init_adapter (new run), not both"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

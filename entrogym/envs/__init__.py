@@ -1,0 +1,60 @@
+"""Text environments and their Gymnasium registration.
+
+``import entrogym`` imports this module, which registers the built-in ids with
+``gymnasium.register``. Entry points are strings, so nothing heavy (and no module written for
+another env family) is imported until ``gymnasium.make`` asks for that env.
+
+========================  =====================================================================
+id                        task
+========================  =====================================================================
+entrogym/AIME-v0          AIME 2024 (30 problems, split ``test``)
+entrogym/AIME2025-v0      AIME 2025 (30 problems, split ``test``)
+entrogym/AMC-v0           AMC 12 2023 (40 problems, split ``test``)
+entrogym/AIMETrain-v0     AIME 1983-2023 (918 problems, split ``train``)
+entrogym/Arithmetic-v0    generated +/- problems (splits ``train`` and ``test``)
+entrogym/Bandit-v0        tabular softmax bandit lab
+entrogym/AppWorld-v0      AppWorld tasks (multi-turn, tool use)
+========================  =====================================================================
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+
+from entrogym.envs.base import TextEnv, Turn, is_text_env, make_text_env, task_ids_of
+from entrogym.envs.spaces import UnicodeText
+
+__all__ = [
+    "BUILTIN_ENV_IDS",
+    "TextEnv",
+    "Turn",
+    "UnicodeText",
+    "is_text_env",
+    "make_text_env",
+    "task_ids_of",
+]
+
+_MATH = "entrogym.envs.math_env:MathEnv"
+
+# id -> (entry point, default keyword arguments; gymnasium.make(id, **kw) overrides them)
+_BUILTINS: dict[str, tuple[str, dict]] = {
+    "entrogym/AIME-v0": (_MATH, {"dataset": "aime_2024"}),
+    "entrogym/AIME2025-v0": (_MATH, {"dataset": "aime_2025"}),
+    "entrogym/AMC-v0": (_MATH, {"dataset": "amc_2023"}),
+    "entrogym/AIMETrain-v0": (_MATH, {"dataset": "aime_1983_2023"}),
+    "entrogym/Arithmetic-v0": ("entrogym.envs.arithmetic:ArithmeticEnv", {}),
+    "entrogym/Bandit-v0": ("entrogym.envs.bandit:BanditEnv", {}),
+    "entrogym/AppWorld-v0": ("entrogym.envs.appworld.env:AppWorldEnv", {}),
+}
+
+BUILTIN_ENV_IDS: tuple[str, ...] = tuple(_BUILTINS)
+
+
+def _register_builtins() -> None:
+    for env_id, (entry_point, kwargs) in _BUILTINS.items():
+        if env_id in gym.registry:  # a reload must not warn about overriding
+            continue
+        gym.register(id=env_id, entry_point=entry_point, kwargs=dict(kwargs))
+
+
+_register_builtins()

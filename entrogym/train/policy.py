@@ -1,0 +1,147 @@
+"""The trainable policy: a Hugging Face causal LM with a ``peft`` LoRA adapter.
+
+Defaults follow the paper's training appendix: LoRA rank 16, alpha 32 on q, k, v, o and the
+MLP (gate, up, down); the LM head is not adapted, so the exact log-prob path
+(:mod:`entrogym.train.logprobs`) reads the base head weight. Adapters are saved and loaded in
+``peft``'s standard format (``adapter_config.json`` + ``adapter_model.safetensors``), which
+vLLM's LoRA support reads too.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from entrogym.models import resolve_model
+from entrogym.train.precision import check_device_dtype, resolve_dtype
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
+class LoraSettings:
+    """LoRA hyperparameters (paper appendix "Training")."""
+
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = field(default_factory=lambda: LORA_TARGETS)
+
+    def to_peft(self):
+        from peft import LoraConfig
+
+        if self.r < 1:
+            raise ValueError(f"LoRA rank r must be >= 1, got {self.r}")
+        return LoraConfig(
+            r=self.r,
+            lora_alpha=self.alpha,
+            lora_dropout=self.dropout,
+            target_modules=list(self.target_modules),
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
+
+
+def load_base_model(
+    model: str,
+    *,
+    dtype: str | torch.dtype = "fp32",
+    device: str | torch.device = "cpu",
+    cache_dir: str | None = None,
+) -> torch.nn.Module:
+    """Load a built-in name, local folder or hub id with parameters in ``dtype`` on ``device``."""
+    from transformers import AutoModelForCausalLM
+
+    torch_dtype = resolve_dtype(dtype)
+    device = check_device_dtype(device, torch_dtype)
+    path = resolve_model(model, cache_dir)
+    net = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+    return net.to(device)
+
+
+def apply_lora(
+    model: torch.nn.Module, settings: LoraSettings | None = None, seed: int | None = None
+):
+    """Wrap ``model`` with a fresh trainable LoRA adapter (B = 0, so outputs are unchanged)."""
+    from peft import get_peft_model
+
+    settings = settings or LoraSettings()
+    missing = [t for t in settings.target_modules if not _has_module(model, t)]
+    if missing:
+        raise ValueError(
+            f"LoRA target modules {missing} do not exist in {type(model).__name__}; "
+            "set target_modules to names of its linear layers"
+        )
+    if seed is None:
+        return get_peft_model(model, settings.to_peft())
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return get_peft_model(model, settings.to_peft())
+
+
+def _has_module(model: torch.nn.Module, suffix: str) -> bool:
+    return any(name.split(".")[-1] == suffix for name, _ in model.named_modules())
+
+
+def load_policy(
+    model: str,
+    *,
+    dtype: str | torch.dtype = "fp32",
+    device: str | torch.device = "cpu",
+    lora: LoraSettings | None = None,
+    adapter: str | os.PathLike | None = None,
+    use_lora: bool = True,
+    cache_dir: str | None = None,
+    seed: int | None = None,
+) -> torch.nn.Module:
+    """The policy to train: base model + a new LoRA adapter, or a saved one (``adapter``).
+
+    ``use_lora=False`` trains all parameters of the base model instead.
+    """
+    base = load_base_model(model, dtype=dtype, device=device, cache_dir=cache_dir)
+    if adapter is not None:
+        return load_adapter(base, adapter, trainable=True)
+    if not use_lora:
+        return base
+    return apply_lora(base, lora, seed=seed)
+
+
+def save_adapter(model: torch.nn.Module, path: str | os.PathLike) -> Path:
+    """Save the LoRA adapter in peft's format, atomically (temp folder, then rename)."""
+    if not hasattr(model, "peft_config"):
+        raise ValueError("save_adapter needs a peft model (load_policy with LoRA)")
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    try:
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        tmp.chmod(0o755)
+        if final.exists():
+            old = final.with_name(f".{final.name}.old-{os.getpid()}")
+            os.rename(final, old)
+            os.rename(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def load_adapter(base: torch.nn.Module, path: str | os.PathLike, trainable: bool = True):
+    """Attach a saved peft adapter to ``base``."""
+    from peft import PeftModel
+
+    folder = Path(path)
+    if not (folder / "adapter_config.json").is_file():
+        raise ValueError(f"{folder} is not a peft adapter folder (no adapter_config.json)")
+    return PeftModel.from_pretrained(base, str(folder), is_trainable=trainable)
+
+
+def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]

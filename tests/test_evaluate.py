@@ -1,0 +1,76 @@
+"""``entrogym eval`` end to end with tiny-random-llama on the hf engine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from entrogym.evaluate import cli
+from entrogym.train.evaluation import pass_at_k
+
+TINY = ["--model", "tiny-random-llama", "--engine", "hf", "--engine-dtype", "fp32"]
+
+
+def test_eval_arithmetic_writes_pass_at_k(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "run"
+    argv = ["--env", "entrogym/Arithmetic-v0", *TINY, "--max-tasks", "3", "--samples", "2"]
+    assert cli([*argv, "--max-response-tokens", "4", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "pass@1=" in printed and "pass@2=" in printed
+    report = json.loads((out / "eval.json").read_text())
+    assert not list(out.glob(".eval.json.*"))  # the temp file was renamed, not left behind
+    summary, per_task = report["summary"], report["per_task"]
+    assert summary["tasks"] == 3 and summary["samples"] == 2 and summary["episodes"] == 6
+    assert [t["samples"] for t in per_task] == [2, 2, 2]
+    assert len({t["task_id"] for t in per_task}) == 3
+    for t in per_task:
+        assert 0 <= t["correct"] <= 2 and len(t["rewards"]) == 2
+    assert summary["pass@1"] == pytest.approx(sum(t["correct"] / 2 for t in per_task) / 3)
+    assert summary["pass@2"] == pytest.approx(
+        sum(pass_at_k(2, t["correct"], 2) for t in per_task) / 3
+    )
+    assert summary["pass@2"] >= summary["pass@1"]
+
+
+def test_eval_appworld_fixture_tgc_sgc(tmp_path: Path, capsys) -> None:
+    from entrogym.envs.appworld.fixture import cached_fixture
+    from entrogym.envs.appworld.runtime import appworld_python
+
+    try:
+        appworld_python()
+    except FileNotFoundError as exc:
+        pytest.fail(f"{exc} (`make appworld-setup` creates it; AppWorld tests do not skip)")
+    root = cached_fixture()
+    outputs = root / "experiments" / "outputs"
+    before = set(outputs.glob("*")) if outputs.exists() else set()
+    out = tmp_path / "aw"
+    argv = ["--env", "entrogym/AppWorld-v0", "--split", "test_normal", *TINY]
+    argv += ["--appworld-root", str(root), "--max-tasks", "2", "--max-turns", "2"]
+    assert cli([*argv, "--max-response-tokens", "8", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "TGC=" in printed and "SGC=" in printed
+    report = json.loads((out / "eval.json").read_text())
+    summary, per_task = report["summary"], report["per_task"]
+    expected = (root / "data" / "datasets" / "test_normal.txt").read_text().split()[:2]
+    assert [t["task_id"] for t in per_task] == expected
+    assert summary["tgc"] == 0.0 and summary["sgc"] == 0.0  # a random model completes nothing
+    for t in per_task:
+        # the world was evaluated by AppWorld's unit tests, none of which all passed
+        assert t["num_tests"][0] >= 1 and t["passes"][0] < t["num_tests"][0]
+        assert t["scenario_id"] == t["task_id"].split("_")[0]
+    assert summary["appworld_report"]["skipped"]  # a partial split: AppWorld's report is skipped
+    after = set(outputs.glob("*")) if outputs.exists() else set()
+    assert after == before  # per-episode outputs were deleted, none kept for the report
+
+
+def test_eval_unknown_env_exits_2(capsys) -> None:
+    assert cli(["--env", "entrogym/NoSuchEnv-v0", *TINY]) == 2
+    err = capsys.readouterr().err
+    assert "entrogym/NoSuchEnv-v0" in err and "entrogym/Arithmetic-v0" in err
+
+
+def test_eval_bad_option_exits_2(capsys) -> None:
+    assert cli(["--env", "entrogym/Arithmetic-v0", *TINY, "--samples", "0"]) == 2
+    assert "--samples" in capsys.readouterr().err

@@ -1,0 +1,282 @@
+"""Exact fp32 log-probs / entropies without full logits, and the softmax-gradient fix."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from entrogym.models import resolve_model
+from entrogym.train.logprobs import (
+    SOFTMAX_FIX_LOGP_THRESHOLD,
+    lm_head_weight,
+    sequence_logprobs,
+    sequence_logprobs_and_entropy,
+    token_entropy,
+    token_logprobs,
+)
+from entrogym.train.policy import apply_lora, load_base_model
+
+TOL = 1e-5
+
+
+def _randomise_lora_b(model: torch.nn.Module, seed: int = 1) -> None:
+    """peft starts B at 0 (adapter is a no-op); give it values so LoRA changes the outputs."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.05)
+
+
+def _batch(vocab: int = 49152, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (3, 24), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[1, :6] = 0  # left padding
+    mask[2, 17:] = 0  # right padding
+    return ids, mask
+
+
+def _fp64_reference(model, ids, mask) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain full logits from the model's own forward, log_softmax in fp64."""
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+    logp = torch.log_softmax(logits.double(), -1)[:, :-1].gather(-1, ids[:, 1:, None])[..., 0]
+    return logp, (mask[:, 1:] & mask[:, :-1]).bool()
+
+
+@pytest.fixture(scope="module", params=["tiny-random-llama", "tiny-random-qwen3"])
+def lora_tiny(request):
+    model = apply_lora(load_base_model(request.param), seed=0)
+    _randomise_lora_b(model)
+    return model
+
+
+def test_tied_and_untied_variants(lora_tiny):
+    base = lora_tiny.get_base_model()
+    tied = base.lm_head.weight.data_ptr() == base.model.embed_tokens.weight.data_ptr()
+    assert tied == base.config.tie_word_embeddings
+    assert tied == (base.config.model_type == "llama")
+
+
+def test_agrees_with_fp64_reference_with_lora(lora_tiny):
+    ids, mask = _batch()
+    out = sequence_logprobs(lora_tiny, ids, mask)
+    ref, valid = _fp64_reference(lora_tiny, ids, mask)
+    assert out.dtype == torch.float32 and out.shape == ids.shape
+    assert (out[:, 1:][valid].double() - ref[valid]).abs().max() <= TOL
+    assert out[:, 0].eq(0).all() and out[:, 1:][~valid].eq(0).all()
+    # LoRA really is in the path: switching the adapter off changes the log-probs.
+    with lora_tiny.disable_adapter():
+        assert (sequence_logprobs(lora_tiny, ids, mask) - out).abs().max() > 1e-4
+
+
+def test_left_padding_matches_unpadded(lora_tiny):
+    ids, mask = _batch()
+    padded = sequence_logprobs(lora_tiny, ids[1:2], mask[1:2])[0, 6:]
+    alone = sequence_logprobs(lora_tiny, ids[1:2, 6:], torch.ones_like(ids[1:2, 6:]))[0]
+    assert torch.allclose(padded[1:], alone[1:], atol=TOL)
+
+
+def test_smollm2_agreement_with_lora():
+    model = apply_lora(load_base_model("smollm2-135m-instruct"), seed=0)
+    _randomise_lora_b(model)
+    ids, mask = _batch(seed=3)
+    out = sequence_logprobs(model, ids[:, :16], mask[:, :16])
+    ref, valid = _fp64_reference(model, ids[:, :16], mask[:, :16])
+    assert (out[:, 1:][valid].double() - ref[valid]).abs().max() <= TOL
+
+
+def test_bf16_model_logprobs_are_exact_fp32_of_its_hidden_states():
+    """The product runs in fp32 even when the model computes in bf16; bf16 logits would not."""
+    gen = torch.Generator().manual_seed(0)
+    hidden = (torch.randn(64, 128, generator=gen) * 2).bfloat16()
+    weight = (torch.randn(4096, 128, generator=gen) * 0.5).bfloat16()
+    targets = torch.randint(0, 4096, (64,), generator=gen)
+    exact = torch.log_softmax(hidden.double() @ weight.double().T, -1)
+    exact = exact.gather(1, targets[:, None])[:, 0]
+    ours = token_logprobs(hidden, weight, targets)
+    assert ours.dtype == torch.float32
+    assert (ours.double() - exact).abs().max() <= TOL
+    naive = torch.log_softmax((hidden @ weight.T).float(), -1).gather(1, targets[:, None])[:, 0]
+    assert (naive.double() - exact).abs().max() > 100 * TOL
+
+
+def test_grads_and_chunking_match_fp64_autograd():
+    gen = torch.Generator().manual_seed(1)
+    hidden = torch.randn(37, 32, generator=gen, dtype=torch.float64) * 1.5
+    weight = torch.randn(500, 32, generator=gen, dtype=torch.float64)
+    targets = torch.randint(0, 500, (37,), generator=gen)
+    upstream = torch.randn(37, generator=gen, dtype=torch.float64)
+
+    h64, w64 = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    ref = torch.log_softmax(h64 @ w64.T, -1).gather(1, targets[:, None])[:, 0]
+    ref_h, ref_w = torch.autograd.grad((ref * upstream).sum(), (h64, w64))
+    for chunk in (1, 5, 37, None):
+        h, w = hidden.float().requires_grad_(), weight.float().requires_grad_()
+        out = token_logprobs(h, w, targets, impl="chunked", chunk_size=chunk)
+        gh, gw = torch.autograd.grad((out * upstream.float()).sum(), (h, w))
+        assert (out.double() - ref).abs().max() <= TOL
+        assert torch.allclose(gh.double(), ref_h, atol=1e-4, rtol=1e-4)
+        assert torch.allclose(gw.double(), ref_w, atol=1e-4, rtol=1e-4)
+
+
+def test_entropy_values_and_grads_match_fp64():
+    gen = torch.Generator().manual_seed(2)
+    hidden = torch.randn(2, 9, 16, generator=gen, dtype=torch.float64)
+    weight = torch.randn(300, 16, generator=gen, dtype=torch.float64)
+    h64, w64 = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    logp = torch.log_softmax(h64 @ w64.T, -1)
+    ref = -(logp.exp() * logp).sum(-1)
+    ref_h, ref_w = torch.autograd.grad(ref.sum(), (h64, w64))
+    h, w = hidden.float().requires_grad_(), weight.float().requires_grad_()
+    ent = token_entropy(h, w, chunk_size=4)
+    gh, gw = torch.autograd.grad(ent.sum(), (h, w))
+    assert ent.shape == (2, 9) and (ent.double() - ref).abs().max() <= TOL
+    assert torch.allclose(gh.double(), ref_h, atol=1e-4, rtol=1e-4)
+    assert torch.allclose(gw.double(), ref_w, atol=1e-4, rtol=1e-4)
+
+
+def test_sequence_entropy_matches_full_logits(lora_tiny):
+    ids, mask = _batch()
+    logp, ent = sequence_logprobs_and_entropy(lora_tiny, ids, mask)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        full = torch.log_softmax(
+            lora_tiny(input_ids=ids, attention_mask=mask, position_ids=positions).logits.double(),
+            -1,
+        )
+    ref = -(full.exp() * full).sum(-1)[:, :-1]
+    valid = (mask[:, 1:] & mask[:, :-1]).bool()
+    assert (ent[:, 1:][valid].double() - ref[valid]).abs().max() <= 1e-4
+    assert torch.equal(logp, sequence_logprobs(lora_tiny, ids, mask))
+
+
+def _confident_case():
+    """One position whose target has p > 1 - 2^-23, i.e. 1 - p rounds to 0 in fp32."""
+    gen = torch.Generator().manual_seed(4)
+    weight = torch.randn(64, 8, generator=gen) * 0.3
+    weight[:, 0] = 0.0
+    weight[7, 0] = 1.0
+    hidden = torch.randn(1, 8, generator=gen)
+    hidden[0, 0] = 25.0  # z_7 ~ 25 towers over the other logits (|z| < 3): 1 - p ~ 1e-9
+    targets = torch.tensor([7])
+    return hidden, weight, targets
+
+
+def _fp64_grads(hidden, weight, targets):
+    h64 = hidden.double().requires_grad_()
+    w64 = weight.double().requires_grad_()
+    logp = torch.log_softmax(h64 @ w64.T, -1)[0, targets[0]]
+    return logp.detach(), *torch.autograd.grad(logp, (h64, w64))
+
+
+def test_softmax_fix_restores_vanishing_gradient():
+    hidden, weight, targets = _confident_case()
+    ref_logp, ref_h, ref_w = _fp64_grads(hidden, weight, targets)
+    assert ref_logp > SOFTMAX_FIX_LOGP_THRESHOLD  # the regime of the paper's appendix
+    assert ref_w[7].abs().max() > 0  # d logp / d W_target = (1 - p) h is tiny but non-zero
+
+    grads = {}
+    for fix in (False, True):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        out = token_logprobs(h, w, targets, impl="chunked", softmax_fix=fix)
+        grads[fix] = torch.autograd.grad(out.sum(), (h, w))
+    # Fix off: the sampled token's own term (1 - p) is exactly 0 in fp32 ...
+    assert grads[False][1][7].abs().max() == 0
+    assert not torch.allclose(grads[False][0].double(), ref_h, rtol=1e-2, atol=0)
+    # ... fix on: matches the fp64 reference.
+    assert torch.allclose(grads[True][1][7].double(), ref_w[7], rtol=1e-4, atol=0)
+    assert torch.allclose(grads[True][0].double(), ref_h, rtol=1e-4, atol=1e-12)
+    assert torch.allclose(grads[True][1].double(), ref_w, rtol=1e-4, atol=1e-12)
+
+
+def test_naive_fp32_autograd_has_the_same_vanishing_gradient():
+    """The bug is PyTorch's own fp32 log_softmax backward, not something of ours."""
+    hidden, weight, targets = _confident_case()
+    w = weight.clone().requires_grad_()
+    logp = torch.log_softmax(hidden @ w.T, -1)[0, targets[0]]
+    (grad_w,) = torch.autograd.grad(logp, w)
+    assert grad_w[7].abs().max() == 0
+
+
+def test_bf16_rounding_flag():
+    gen = torch.Generator().manual_seed(5)
+    hidden, weight = torch.randn(50, 16, generator=gen), torch.randn(200, 16, generator=gen)
+    targets = torch.randint(0, 200, (50,), generator=gen)
+    exact = token_logprobs(hidden, weight, targets)
+    h = hidden.clone().requires_grad_()
+    rounded = token_logprobs(h, weight, targets, bf16_round_logprobs=True)
+    assert torch.equal(rounded, exact.bfloat16().float())
+    assert (rounded - exact).abs().max() > 0
+    (grad,) = torch.autograd.grad(rounded.sum(), h)  # straight-through: still trainable
+    assert grad.abs().sum() > 0
+
+
+def test_temperature_scales_logits():
+    gen = torch.Generator().manual_seed(6)
+    hidden, weight = torch.randn(10, 8, generator=gen), torch.randn(40, 8, generator=gen)
+    targets = torch.randint(0, 40, (10,), generator=gen)
+    ref = torch.log_softmax((hidden.double() @ weight.double().T) / 0.7, -1)
+    out = token_logprobs(hidden, weight, targets, temperature=0.7)
+    assert (out.double() - ref.gather(1, targets[:, None])[:, 0]).abs().max() <= TOL
+
+
+def test_cce_torch_compile_impl_agrees_on_cpu():
+    gen = torch.Generator().manual_seed(7)
+    hidden, weight = torch.randn(20, 32, generator=gen), torch.randn(1000, 32, generator=gen)
+    targets = torch.randint(0, 1000, (20,), generator=gen)
+    ref = torch.log_softmax(hidden.double() @ weight.double().T, -1)
+    ref = ref.gather(1, targets[:, None])[:, 0]
+    out = token_logprobs(hidden, weight, targets, impl="torch_compile")
+    assert (out.double() - ref).abs().max() <= TOL
+
+
+def test_out_of_vocab_ids_raise(lora_tiny):
+    vocab = lm_head_weight(lora_tiny).shape[0]
+    ids, mask = _batch()
+    for bad in (vocab, -1):
+        ids_bad = ids.clone()
+        ids_bad[0, 5] = bad
+        with pytest.raises(ValueError, match="token ids must lie in"):
+            sequence_logprobs(lora_tiny, ids_bad, mask)
+    with pytest.raises(ValueError, match="token ids must lie in"):
+        token_logprobs(torch.randn(2, 8), torch.randn(10, 8), torch.tensor([3, 10]))
+
+
+def test_bad_options_raise():
+    h, w, t = torch.randn(2, 8), torch.randn(10, 8), torch.tensor([1, 2])
+    with pytest.raises(ValueError, match="impl must be one of"):
+        token_logprobs(h, w, t, impl="fast")
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        token_logprobs(h, w, t, impl="cce")
+    with pytest.raises(ValueError, match="chunk_size"):
+        token_logprobs(h, w, t, chunk_size=0)
+
+
+def test_resolve_model_path_is_used_by_policy_loader():
+    # sequence_logprobs needs only a transformers model: a plain (non-peft) one works too
+    model = load_base_model(resolve_model("tiny-random-llama"))
+    ids, mask = _batch()
+    out = sequence_logprobs(model, ids, mask)
+    ref, valid = _fp64_reference(model, ids, mask)
+    assert (out[:, 1:][valid].double() - ref[valid]).abs().max() <= TOL
+
+
+@pytest.mark.gpu
+def test_cce_kernel_on_cuda_agrees_and_keeps_the_softmax_fix():
+    model = apply_lora(load_base_model("tiny-random-qwen3", device="cuda"), seed=0)
+    _randomise_lora_b(model)
+    ids, mask = (x.cuda() for x in _batch())
+    out = sequence_logprobs(model, ids, mask, impl="cce")
+    ref, valid = _fp64_reference(model, ids, mask)
+    assert (out[:, 1:][valid].double() - ref[valid]).abs().max() <= TOL
+
+    hidden, weight, targets = (x.cuda() for x in _confident_case())
+    _, ref_h, ref_w = _fp64_grads(hidden, weight, targets)
+    h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    logp = token_logprobs(h, w, targets, impl="cce")
+    grad_h, grad_w = torch.autograd.grad(logp.sum(), (h, w))
+    assert torch.allclose(grad_w[7].double(), ref_w[7], rtol=1e-4, atol=0)
+    assert torch.allclose(grad_h.double(), ref_h, rtol=1e-4, atol=1e-12)

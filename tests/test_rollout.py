@@ -1,0 +1,194 @@
+"""Rollout collection (lockstep, early stopping, env errors, engine restarts) and the mismatch
+metric, with the ``hf`` engine on the tiny random Llama."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import entrogym  # noqa: F401  (registers the envs)
+from entrogym.agents.agent import LLMAgent
+from entrogym.agents.engines import EngineDied, SamplingParams, make_engine
+from entrogym.agents.engines.hf import HFEngine
+from entrogym.agents.mismatch import episodes_mismatch, sampler_mismatch
+from entrogym.agents.rollout import Episode, collect_rollouts, early_stop_reached
+from entrogym.algos.buffer import EpisodeBuffer
+from entrogym.envs.base import TextEnv, Turn, make_text_env, task_ids_of
+from entrogym.models import resolve_model
+from entrogym.train.policy import load_base_model
+
+MODEL = "tiny-random-llama"
+
+
+class Steps(TextEnv):
+    """Episode ``i`` (reset seed ``i``) lasts ``1 + i % 6`` turns; with ``explode`` the episodes
+    of length 4 raise in their second step; task ``broken`` fails to reset."""
+
+    splits = ("train",)
+
+    def __init__(self, explode: bool = False) -> None:
+        super().__init__(max_turns=20)
+        self.explode, self.length = explode, 1
+
+    def task_ids(self, split=None):
+        return ["t0", "t1", "broken"]
+
+    def reset(self, *, seed=None, options=None):
+        self.length = 1 + (seed or 0) % 6
+        return super().reset(seed=seed, options=options)
+
+    def _begin(self, task_id):
+        if task_id == "broken":
+            raise RuntimeError("cannot start")
+        return f"Task {task_id}. Say anything.", {}
+
+    def _respond(self, action):
+        n = self._turn + 1
+        if self.explode and n == 2 and self.length == 4:
+            raise RuntimeError("boom")
+        done = n >= self.length
+        return Turn(f"turn {n} of {self.length}", done=done, reward=float(done), success=done)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    eng = make_engine("hf", MODEL, dtype="fp32", max_model_len=1024, seed=0)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def agent():
+    return LLMAgent.from_model(MODEL, max_turn_tokens=3, max_context=1024, on_turn_budget="step")
+
+
+def test_early_stop_rule():
+    assert not early_stop_reached([4, 4, 4, 4], k=6)  # 4 of 6 everywhere but only 67% overall
+    assert early_stop_reached([6, 6, 5, 5], k=6)  # 22 of 24 >= 90% and every task >= 4
+    assert not early_stop_reached([6, 6, 6, 3], k=6)  # 21/24 but one task has only 3
+    assert early_stop_reached([2, 2], k=2, min_done_per_task=4)  # capped at k
+    assert early_stop_reached([4, 4], k=6, min_done_fraction=0.6)
+
+
+@pytest.mark.parametrize(
+    ("per_task", "fraction", "returned", "max_turns"),
+    [(4, 0.9, 12, 6), (4, 0.6, 8, 4), (5, 0.6, 10, 5), (6, 0.6, 12, 6)],
+)
+def test_early_stopping_cancels_the_stragglers(engine, agent, per_task, fraction, returned, max_turns):
+    eps = collect_rollouts(
+        Steps, ["t0", "t1"], engine, agent, k=6, min_done_per_task=per_task, min_done_fraction=fraction
+    )
+    assert len(eps) == returned and eps.stats["cancelled"] == 12 - returned
+    assert max(e.num_turns for e in eps) == max_turns
+    for e in eps:  # survivors are the short episodes, each finished by the env
+        assert e.reward == 1.0 and e.info["success"] and e.num_turns == e.info["turn"]
+    assert sorted(sum(e.group_id == g for e in eps) for g in (0, 1)) == [returned // 2] * 2
+
+
+def test_keep_cancelled_and_no_early_stop(engine, agent):
+    eps = collect_rollouts(Steps, ["t0", "t1"], engine, agent, k=6, min_done_fraction=0.6, keep_cancelled=True)
+    assert len(eps) == 12 and sum(bool(e.info.get("cancelled")) for e in eps) == 4
+    assert all(e.reward == 0.0 for e in eps if e.info.get("cancelled"))
+    eps = collect_rollouts(Steps, ["t0"], engine, agent, k=6, early_stop=False)
+    assert len(eps) == 6 and sorted(e.num_turns for e in eps) == [1, 2, 3, 4, 5, 6]
+
+
+def test_env_errors_end_only_their_episode(engine, agent):
+    eps = collect_rollouts(
+        lambda: Steps(explode=True), ["t0", "broken", "t1"], engine, agent, k=6, early_stop=False
+    )
+    assert len(eps) == 12  # the 6 episodes of "broken" never started
+    assert len(eps.stats["reset_errors"]) == 6 and "cannot start" in eps.stats["reset_errors"][0]
+    failed = [e for e in eps if "error" in e.info]
+    assert len(failed) == 2 and all("boom" in e.info["error"] for e in failed)
+    assert all(e.reward == 0.0 and e.num_turns == 2 and not e.info["success"] for e in failed)
+    assert all(e.reward == 1.0 for e in eps if "error" not in e.info)
+    assert {e.group_id for e in eps} == {0, 2}
+
+
+def test_arithmetic_rollouts_feed_the_trainer(engine):
+    env = make_text_env("entrogym/Arithmetic-v0")
+    tasks = task_ids_of(env, "train")[:2]
+    env.close()
+    agent = LLMAgent.from_model(MODEL, max_turn_tokens=8, max_context=256)
+    eps = collect_rollouts("entrogym/Arithmetic-v0", tasks, engine, agent, k=3, chunk_tokens=5, seed=7)
+    assert len(eps) == 6 and all(isinstance(e, Episode) for e in eps)
+    assert [e.task_id for e in eps] == [tasks[0]] * 3 + [tasks[1]] * 3
+    assert eps.stats["generated_tokens"] == sum(e.num_action_tokens for e in eps)
+    assert eps.stats["generate_calls"] == 2  # 8 tokens in chunks of 5
+    for e in eps:  # the random model never answers: cut at the budget, truncated
+        assert e.num_action_tokens == 8 and e.truncated and e.reward == 0.0
+        assert e.info["truncated_by"] == "turn" and e.info["timing"]["generate_s"] > 0
+        assert e.env_id == "entrogym/Arithmetic-v0"
+    batch = EpisodeBuffer(0, eps).to_batch()
+    assert int(batch.action_mask.sum()) == 48
+    model = load_base_model(MODEL, dtype="fp32")
+    m = episodes_mismatch(model, eps, batch_size=4)
+    assert m["num_tokens"] == 48 and m["max_abs_diff"] < 1e-4
+
+
+def test_setup_errors(engine, agent):
+    with pytest.raises(ValueError, match="k "):
+        collect_rollouts(Steps, ["t0"], engine, agent, k=0)
+    with pytest.raises(ValueError, match="task_ids"):
+        collect_rollouts(Steps, [], engine, agent)
+    wide = LLMAgent(agent.tokenizer, max_context=4096)
+    with pytest.raises(ValueError, match="max_model_len=1024"):
+        collect_rollouts(Steps, ["t0"], engine, wide)
+    short = LLMAgent(agent.tokenizer, max_context=10)
+    with pytest.raises(ValueError, match="max_context=10"):
+        collect_rollouts(Steps, ["t0"], engine, short)
+
+
+class Flaky(HFEngine):
+    """Fault injection: ``_generate`` raises EngineDied ``deaths`` times."""
+
+    deaths = 1
+
+    def _generate(self, prompts, params, adapter):
+        if self.deaths > 0:
+            self.deaths -= 1
+            raise EngineDied("worker killed")
+        return super()._generate(prompts, params, adapter)
+
+
+def test_engine_that_dies_is_restarted_once():
+    eng = Flaky(resolve_model(MODEL), max_model_len=64)
+    out = eng.generate([[1, 2, 3]], SamplingParams(max_tokens=2))
+    assert eng.restarts == 1 and len(out[0].token_ids) == 2
+    eng.deaths = 2
+    with pytest.raises(RuntimeError, match="died again after a restart"):
+        eng.generate([[1, 2, 3]], SamplingParams(max_tokens=2))
+    assert eng.restarts == 2
+    eng.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        eng.generate([[1]], SamplingParams(max_tokens=1))
+
+
+def test_sampler_mismatch_metric():
+    trainer = torch.tensor([[0.0, math.log(1.2), math.log(0.95), 5.0]])
+    sampler = torch.zeros(1, 4)
+    mask = torch.tensor([[1, 1, 1, 0]])
+    m = sampler_mismatch(trainer, sampler, mask)
+    assert m["num_tokens"] == 3
+    assert m["max_abs_diff"] == pytest.approx(math.log(1.2))
+    assert m["mean_abs_diff"] == pytest.approx((math.log(1.2) - math.log(0.95)) / 3)
+    assert m["frac_ratio_outside"] == pytest.approx(1 / 3)
+    assert sampler_mismatch(trainer, sampler, mask, low=0.5, high=1.5)["frac_ratio_outside"] == 0
+    with pytest.raises(ValueError, match="one shape"):
+        sampler_mismatch(trainer, sampler[:, :3], mask)
+    with pytest.raises(ValueError, match="no tokens"):
+        sampler_mismatch(trainer, sampler, torch.zeros(1, 4))
+
+
+def test_bad_engine_options():
+    with pytest.raises(ValueError, match="engine kind"):
+        make_engine("tgi", MODEL)
+    with pytest.raises(ValueError, match="urls"):
+        make_engine("hf", MODEL, urls=["http://127.0.0.1:1"])
+    with pytest.raises(ValueError, match="dtype"):
+        make_engine("hf", MODEL, dtype="int4")
+    with pytest.raises(ValueError, match="max_tokens"):
+        SamplingParams(max_tokens=0)

@@ -1,0 +1,190 @@
+"""The training loop end to end on a tiny random model with the hf engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+
+from entrogym.algos.presets import ALGORITHMS
+from entrogym.envs.base import TextEnv, Turn
+from entrogym.train.checkpoint import latest_checkpoint
+from entrogym.train.cli import parse_config
+from entrogym.train.config import TrainConfig
+from entrogym.train.metrics import read_metrics
+from entrogym.train.trainer import train
+
+
+class VowelEnv(TextEnv):
+    """Reward = share of vowels among the action's letters: graded, so groups differ."""
+
+    splits = ("train",)
+
+    def task_ids(self, split: str | None = None) -> list[str]:
+        self.resolve_split(split)
+        return [f"v{i}" for i in range(6)]
+
+    def _begin(self, task_id: str):
+        return f"Say something with many vowels ({task_id}).", {}
+
+    def _respond(self, action: str) -> Turn:
+        letters = [c for c in action.lower() if c.isalpha()]
+        reward = sum(c in "aeiou" for c in letters) / max(len(letters), 1)
+        return Turn(done=True, reward=reward, success=reward > 0.5)
+
+
+if "test/Vowel-v0" not in gym.registry:
+    gym.register("test/Vowel-v0", entry_point=VowelEnv)
+if "test/Const-v0" not in gym.registry:
+    gym.register("test/Const-v0", entry_point="entrogym.envs.arithmetic:ArithmeticEnv")
+
+SMALL = dict(
+    model="tiny-random-llama",
+    engine="hf",
+    engine_dtype="fp32",
+    iterations=2,
+    tasks_per_iter=2,
+    samples=3,
+    early_stop_min_per_task=3,
+    early_stop_fraction=1.0,
+    max_response_tokens=4,
+    on_turn_budget="step",
+    max_context_tokens=256,
+    lr=1e-2,
+    max_grad_norm=1.0,
+)
+
+
+@pytest.mark.parametrize("algo", list(ALGORITHMS))
+def test_every_preset_runs_two_iterations(algo, tmp_path):
+    out = train(TrainConfig(env="test/Vowel-v0", algo=algo, out=str(tmp_path), **SMALL))
+    rows = [r for r in read_metrics(out) if r["kind"] == "train"]
+    assert [r["iteration"] for r in rows] == [0, 1]
+    assert any(r["zero_adv_groups"] < r["groups"] for r in rows)  # graded rewards: real signal
+    for key in (
+        "entropy",
+        "cumulative_entropy",
+        "reward_mean",
+        "success_rate",
+        "response_tokens_mean",
+        "clip_frac_low",
+        "clip_frac_high",
+        "ratio_max",
+        "approx_kl",
+        "zeta",
+        "eps_high",
+        "zero_adv_groups",
+        "sampler_mismatch",
+        "rollout_s",
+        "update_s",
+        "tokens_per_s",
+    ):
+        assert key in rows[0], key
+    assert rows[1]["cumulative_entropy"] == pytest.approx(rows[0]["entropy"] + rows[1]["entropy"])
+    assert rows[0]["sampler_mismatch"] < 1e-3  # hf engine and trainer score the same fp32 model
+    preset = ALGORITHMS[algo]
+    assert rows[0]["optimizer_steps"] == preset.epochs  # 6 trajectories < any minibatch size
+    if preset.entropy_control in ("repo-r", "repo-d"):
+        # Iteration 0 sets the target; iteration 1 uses the start value.
+        assert rows[0]["zeta"] == rows[1]["zeta"] == preset.zeta_init
+    if preset.entropy_control == "entropy-bonus":
+        assert rows[1]["beta"] == preset.zeta_init
+    if preset.entropy_control == "adapo":
+        assert rows[0]["eps_high"] == rows[1]["eps_high"] == 0.28
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "iter-000001"
+
+
+def _run_cli(args: list[str]) -> subprocess.Popen:
+    code = (
+        "import sys, tests.test_trainer; from entrogym.cli import main; "
+        "sys.exit(main(sys.argv[1:]))"
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        cwd=Path(__file__).parent.parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _cli_args(out: Path, iterations: int) -> list[str]:
+    args = ["train", "--env", "test/Vowel-v0", "--algo", "repo-r", "--out", str(out)]
+    for key, value in {**SMALL, "iterations": iterations, "checkpoint_every": 1}.items():
+        args += [f"--{key.replace('_', '-')}", str(value)]
+    return args
+
+
+def test_resume_after_kill_equals_uninterrupted_run(tmp_path):
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    p = _run_cli(_cli_args(full, 3))
+    assert p.wait(timeout=600) == 0, p.stdout.read()
+    p = _run_cli(_cli_args(killed, 3))
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        ckpt = latest_checkpoint(killed)
+        if ckpt is not None and ckpt.name == "iter-000001":
+            break
+        time.sleep(0.2)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    p = _run_cli([*_cli_args(killed, 3), "--resume", "true"])
+    output = p.communicate(timeout=600)[0]
+    assert p.returncode == 0, output
+    assert "resuming" in output
+    a = [r for r in read_metrics(full)]
+    b = [r for r in read_metrics(killed)]
+    assert [r["iteration"] for r in b] == [0, 1, 2]  # nothing lost, nothing duplicated
+    for ra, rb in zip(a, b, strict=True):
+        for key in ("entropy", "reward_mean", "loss", "zeta", "approx_kl"):
+            assert ra[key] == pytest.approx(rb[key], rel=1e-5, abs=1e-7), (key, ra, rb)
+
+
+def test_sequential_training_loads_the_adapter_and_base_model_is_checked(tmp_path):
+    first = train(TrainConfig(env="test/Vowel-v0", algo="rloo", out=str(tmp_path / "a"), **SMALL))
+    cfg = TrainConfig(
+        env="test/Vowel-v0", algo="grpo", out=str(tmp_path / "b"), init_adapter=str(first), **SMALL
+    )
+    second = train(cfg)
+    rows = read_metrics(second)
+    first_rows = read_metrics(first)
+    # Starting from the trained adapter, iteration 0's policy is the first run's last one:
+    # its entropy differs from a fresh LoRA (whose B matrices are zero = the base model).
+    assert rows[0]["entropy"] != pytest.approx(first_rows[0]["entropy"], rel=1e-9)
+    with pytest.raises(ValueError, match="tiny-random-qwen3|tiny-random-llama"):
+        train(
+            TrainConfig(
+                env="test/Vowel-v0",
+                out=str(tmp_path / "c"),
+                init_adapter=str(first),
+                **{**SMALL, "model": "tiny-random-qwen3"},
+            )
+        )
+
+
+def test_constant_reward_run_completes_and_says_so(tmp_path, capsys):
+    # A random tiny model never solves arithmetic: every group has equal rewards.
+    out = train(TrainConfig(env="test/Const-v0", algo="grpo", out=str(tmp_path), **SMALL))
+    rows = read_metrics(out)
+    assert all(r["zero_adv_groups"] == r["groups"] for r in rows)
+    assert "no policy-gradient signal" in capsys.readouterr().err
+
+
+def test_bad_input_is_named(tmp_path):
+    with pytest.raises(ValueError, match="known presets"):
+        train(TrainConfig(env="test/Vowel-v0", algo="ppo", out=str(tmp_path), **SMALL))
+    with pytest.raises(ValueError, match="cannot make env"):
+        train(TrainConfig(env="test/Nope-v0", out=str(tmp_path / "x"), **SMALL))
+    with pytest.raises(SystemExit):
+        parse_config(["--no-such-option", "1"])
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "metrics.jsonl").write_text(json.dumps({"iteration": 0}) + "\n")
+    with pytest.raises(ValueError, match="--resume"):
+        train(TrainConfig(env="test/Vowel-v0", out=str(tmp_path / "used"), **SMALL))
