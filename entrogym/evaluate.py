@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 from jsonargparse import ActionConfigFile, ArgumentParser
+
+from entrogym.atomic import atomic_write_text
 
 ENGINES = ("vllm", "vllm-server", "hf")
 DTYPES = ("fp32", "bf16")
@@ -169,15 +169,7 @@ def task_rows(per_task: list[dict], episodes: list[Any], appworld: bool) -> list
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, default=str)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(path, json.dumps(data, indent=2, default=str))
 
 
 def human_summary(summary: dict[str, Any]) -> str:

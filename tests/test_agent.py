@@ -78,7 +78,9 @@ def test_template_pieces(tokenizer):
     assert tokenizer.convert_ids_to_tokens(agent.eot_ids) == ["<|im_end|>", "Ċ"]
     assert agent.stop_token_ids[0] == tokenizer.convert_tokens_to_ids("<|im_end|>")
     delta = agent.feedback_ids("3 + 4 = 7?")
-    assert tokenizer.decode(delta) == "<|im_start|>user\n3 + 4 = 7?<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        tokenizer.decode(delta) == "<|im_start|>user\n3 + 4 = 7?<|im_end|>\n<|im_start|>assistant\n"
+    )
     tool = LLMAgent(tokenizer, feedback_role="tool")
     assert tokenizer.decode(tool.feedback_ids("x")).startswith("<|im_start|>tool\nx")
     t = agent.start("Hi")
@@ -131,7 +133,10 @@ def test_no_chat_template_names_the_option(tokenizer):
         LLMAgent(bare)
     template = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     agent = LLMAgent(bare, chat_template=template)
-    assert bare.decode(agent.start("Hi").token_ids) == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        bare.decode(agent.start("Hi").token_ids)
+        == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_prompt_longer_than_context_is_a_clear_error(tokenizer):
@@ -174,17 +179,23 @@ def test_multi_turn_episodes_are_token_exact(tokenizer):
         assert all(lp == 0.0 for lp, m in zip(ep.sampler_logprobs, mask, strict=True) if not m)
         # The ids decode to the template's own rendering of the conversation.
         messages = [{"role": "user", "content": ChatEnv()._begin(ep.task_id)[0]}]
-        for turn, (content, action) in enumerate(zip(contents[:-1], ep.info["actions"], strict=False)):
+        for turn, (content, action) in enumerate(
+            zip(contents[:-1], ep.info["actions"], strict=False)
+        ):
             messages += [
                 {"role": "assistant", "content": content},
                 {"role": "user", "content": feedback(turn + 1, action)},
             ]
         a, b = stretches[-1]
-        expected = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        expected = tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
         assert tokenizer.decode(ids[:a]) == expected
         # Feedback ids are what the tokenizer makes of that text on its own (no merges across).
         for (_, b1), (a2, _) in zip(stretches, stretches[1:], strict=False):
             piece = ids[b1:a2]
-            assert tokenizer(tokenizer.decode(piece), add_special_tokens=False)["input_ids"] == piece
+            assert (
+                tokenizer(tokenizer.decode(piece), add_special_tokens=False)["input_ids"] == piece
+            )
     assert limits == {True, False}, "expected turns that stopped and turns cut by the budget"
     engine.close()

@@ -52,7 +52,9 @@ def bias_adapter(path: str, token: int, out, seed: int = 0, r: int = 8) -> str:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     model = get_peft_model(
         model,
-        LoraConfig(r=r, lora_alpha=2 * r, target_modules=["o_proj", "down_proj"], task_type="CAUSAL_LM"),
+        LoraConfig(
+            r=r, lora_alpha=2 * r, target_modules=["o_proj", "down_proj"], task_type="CAUSAL_LM"
+        ),
     )
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=5e-2)
     for _ in range(20):
@@ -68,12 +70,18 @@ def bias_adapter(path: str, token: int, out, seed: int = 0, r: int = 8) -> str:
     return str(out)
 
 
-def trainer_logprobs(model, prompts, completions) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def trainer_logprobs(
+    model, prompts, completions
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """[B, T] trainer log-probs, sampler log-probs and mask of the completions."""
     rows = [p + c.token_ids for p, c in zip(prompts, completions, strict=True)]
     t = max(map(len, rows))
     ids = torch.zeros((len(rows), t), dtype=torch.long)
-    att, mask, samp = torch.zeros_like(ids), torch.zeros((len(rows), t)), torch.zeros((len(rows), t))
+    att, mask, samp = (
+        torch.zeros_like(ids),
+        torch.zeros((len(rows), t)),
+        torch.zeros((len(rows), t)),
+    )
     for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
         ids[i, : len(rows[i])] = torch.tensor(rows[i])
         att[i, : len(rows[i])] = 1
@@ -125,7 +133,10 @@ def test_lora_hot_swap_follows_the_latest_adapter(engine, path, tokenizer, tmp_p
     assert share(a_no, no)[0] == 1.0  # a new policy version, a new folder
     # A trainer that rewrites the same folder: the engine must load the new weights.
     time.sleep(0.01)
-    shutil.copy(os.path.join(a_no, "adapter_model.safetensors"), os.path.join(a_yes, "adapter_model.safetensors"))
+    shutil.copy(
+        os.path.join(a_no, "adapter_model.safetensors"),
+        os.path.join(a_yes, "adapter_model.safetensors"),
+    )
     assert share(a_yes, no)[0] == 1.0
 
 
@@ -168,7 +179,11 @@ def test_rollouts_are_token_exact(engine, tokenizer):
         for turn, action in enumerate(ep.info["actions"]):
             start = pos
             while True:  # the turn's chunks, each one engine completion for exactly this prefix
-                c = next(c for c in served[tuple(ids[:pos])] if c.token_ids == ids[pos : pos + len(c.token_ids)])
+                c = next(
+                    c
+                    for c in served[tuple(ids[:pos])]
+                    if c.token_ids == ids[pos : pos + len(c.token_ids)]
+                )
                 assert mask[pos : pos + len(c.token_ids)] == [1] * len(c.token_ids)
                 assert ep.sampler_logprobs[pos : pos + len(c.token_ids)] == c.logprobs
                 pos += len(c.token_ids)
@@ -187,8 +202,13 @@ def test_rollouts_are_token_exact(engine, tokenizer):
 
 def test_bad_adapters_are_rejected(engine, path, tmp_path):
     other = LlamaConfig(
-        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
     )
     model = get_peft_model(
         AutoModelForCausalLM.from_config(other),

@@ -76,9 +76,17 @@ def test_early_stop_rule():
     ("per_task", "fraction", "returned", "max_turns"),
     [(4, 0.9, 12, 6), (4, 0.6, 8, 4), (5, 0.6, 10, 5), (6, 0.6, 12, 6)],
 )
-def test_early_stopping_cancels_the_stragglers(engine, agent, per_task, fraction, returned, max_turns):
+def test_early_stopping_cancels_the_stragglers(
+    engine, agent, per_task, fraction, returned, max_turns
+):
     eps = collect_rollouts(
-        Steps, ["t0", "t1"], engine, agent, k=6, min_done_per_task=per_task, min_done_fraction=fraction
+        Steps,
+        ["t0", "t1"],
+        engine,
+        agent,
+        k=6,
+        min_done_per_task=per_task,
+        min_done_fraction=fraction,
     )
     assert len(eps) == returned and eps.stats["cancelled"] == 12 - returned
     assert max(e.num_turns for e in eps) == max_turns
@@ -88,7 +96,9 @@ def test_early_stopping_cancels_the_stragglers(engine, agent, per_task, fraction
 
 
 def test_keep_cancelled_and_no_early_stop(engine, agent):
-    eps = collect_rollouts(Steps, ["t0", "t1"], engine, agent, k=6, min_done_fraction=0.6, keep_cancelled=True)
+    eps = collect_rollouts(
+        Steps, ["t0", "t1"], engine, agent, k=6, min_done_fraction=0.6, keep_cancelled=True
+    )
     assert len(eps) == 12 and sum(bool(e.info.get("cancelled")) for e in eps) == 4
     assert all(e.reward == 0.0 for e in eps if e.info.get("cancelled"))
     eps = collect_rollouts(Steps, ["t0"], engine, agent, k=6, early_stop=False)
@@ -113,7 +123,9 @@ def test_arithmetic_rollouts_feed_the_trainer(engine):
     tasks = task_ids_of(env, "train")[:2]
     env.close()
     agent = LLMAgent.from_model(MODEL, max_turn_tokens=8, max_context=256)
-    eps = collect_rollouts("entrogym/Arithmetic-v0", tasks, engine, agent, k=3, chunk_tokens=5, seed=7)
+    eps = collect_rollouts(
+        "entrogym/Arithmetic-v0", tasks, engine, agent, k=3, chunk_tokens=5, seed=7
+    )
     assert len(eps) == 6 and all(isinstance(e, Episode) for e in eps)
     assert [e.task_id for e in eps] == [tasks[0]] * 3 + [tasks[1]] * 3
     assert eps.stats["generated_tokens"] == sum(e.num_action_tokens for e in eps)

@@ -94,7 +94,9 @@ class LLMAgent:
                 f"and {max_context}"
             )
         if on_turn_budget not in ON_TURN_BUDGET:
-            raise ValueError(f"on_turn_budget must be one of {ON_TURN_BUDGET}, got {on_turn_budget!r}")
+            raise ValueError(
+                f"on_turn_budget must be one of {ON_TURN_BUDGET}, got {on_turn_budget!r}"
+            )
         self.tokenizer = tokenizer
         self.system_prompt = system_prompt
         self.feedback_role = feedback_role
@@ -102,7 +104,11 @@ class LLMAgent:
         self.max_context = max_context
         self.on_turn_budget = on_turn_budget
         self.template_kwargs = dict(chat_template_kwargs or {})
-        if chat_template is not None and Path(chat_template).suffix and Path(chat_template).is_file():
+        if (
+            chat_template is not None
+            and Path(chat_template).suffix
+            and Path(chat_template).is_file()
+        ):
             chat_template = Path(chat_template).read_text()
         self.chat_template = chat_template
         if chat_template is None and not getattr(tokenizer, "chat_template", None):
@@ -113,7 +119,9 @@ class LLMAgent:
             )
         self.eot_ids = self._end_of_turn_ids(eot_token)
         eos = getattr(tokenizer, "eos_token_id", None)
-        self.stop_token_ids = tuple(dict.fromkeys([self.eot_ids[0], *([eos] if eos is not None else [])]))
+        self.stop_token_ids = tuple(
+            dict.fromkeys([self.eot_ids[0], *([eos] if eos is not None else [])])
+        )
 
     @classmethod
     def from_model(cls, model: str, **kwargs: Any) -> LLMAgent:

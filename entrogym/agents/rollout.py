@@ -10,6 +10,7 @@ places where the loop can stop), which lets early stopping act inside long singl
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -131,9 +132,7 @@ def collect_rollouts(
     base = replace(sampling or SamplingParams(), stop_token_ids=agent.stop_token_ids)
     t_start = time.perf_counter()
     runs = [
-        _Run(i * k + j, tid, group_offset + i)
-        for i, tid in enumerate(task_ids)
-        for j in range(k)
+        _Run(i * k + j, tid, group_offset + i) for i, tid in enumerate(task_ids) for j in range(k)
     ]
     stats: dict[str, Any] = {"steps": 0, "generate_calls": 0, "generated_tokens": 0}
     generate_s = env_s = 0.0
@@ -169,7 +168,9 @@ def collect_rollouts(
             env_s += time.perf_counter() - t0
             stats["steps"] += 1
             if early_stop and any(not r.done for r in runs):
-                done = [sum(r.done for r in runs[i * k : (i + 1) * k]) for i in range(len(task_ids))]
+                done = [
+                    sum(r.done for r in runs[i * k : (i + 1) * k]) for i in range(len(task_ids))
+                ]
                 if early_stop_reached(done, k, min_done_per_task, min_done_fraction):
                     for r in runs:
                         if not r.done:
@@ -180,11 +181,12 @@ def collect_rollouts(
             pool.shutdown()
         for r in runs:
             if r.env is not None:
-                try:
+                # Closing must not hide the episode's result.
+                with contextlib.suppress(Exception):
                     r.env.close()
-                except Exception:  # noqa: BLE001  (closing must not hide the episode's result)
-                    pass
-    out = Rollouts(_episode(r, env) for r in runs if r.t is not None and (keep_cancelled or not r.cancelled))
+    out = Rollouts(
+        _episode(r, env) for r in runs if r.t is not None and (keep_cancelled or not r.cancelled)
+    )
     wall = time.perf_counter() - t_start
     out.stats = {
         **stats,
@@ -202,7 +204,9 @@ def collect_rollouts(
     return out
 
 
-def _begin(r: _Run, env: str | Callable[[], Any], env_kwargs: dict, agent: LLMAgent, seed: int) -> None:
+def _begin(
+    r: _Run, env: str | Callable[[], Any], env_kwargs: dict, agent: LLMAgent, seed: int
+) -> None:
     t0 = time.perf_counter()
     try:
         r.env = _make_env(env, env_kwargs)
@@ -238,7 +242,11 @@ def _advance(r: _Run, end: TurnEnd, agent: LLMAgent) -> None:
         r.env_s += time.perf_counter() - t0
     r.info.update(info)
     if terminated or truncated:
-        r.finish(reward, truncated=bool(truncated and not terminated), truncated_by="env" if truncated else None)
+        r.finish(
+            reward,
+            truncated=bool(truncated and not terminated),
+            truncated_by="env" if truncated else None,
+        )
     elif not agent.add_feedback(r.t, obs):
         r.finish(0.0, truncated=True, truncated_by="context", success=False)
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from entrogym.atomic import atomic_path, atomic_write_text
 
 # REPO-R and ADAPO should hold entropy near the target: final within this share of the initial.
 HOLD_TOLERANCE = 0.25
@@ -82,19 +82,6 @@ def check_claims(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return claims
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temporary file in the same folder and rename, so readers never see half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def plot_curves(rows: list[dict[str, Any]], initials: dict, path: Path) -> None:
     """Entropy and expected reward per algorithm: mean over seeds, band = min..max over seeds."""
     import matplotlib
@@ -120,12 +107,9 @@ def plot_curves(rows: list[dict[str, Any]], initials: dict, path: Path) -> None:
         ax.grid(alpha=0.3)
     fig.suptitle("Bandit lab: tabular softmax policy (mean over seeds, band = min..max)")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=110)
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=110)
     finally:
         plt.close(fig)
         Path(tmp).unlink(missing_ok=True)

@@ -32,6 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from entrogym.atomic import atomic_write_text, fsync_dir
+
 CHECKPOINTS_DIR = "checkpoints"
 _NAME_RE = re.compile(r"^iter-(\d{6,})$")
 _TMP_RE = re.compile(r"^(?:iter-\d{6,}|latest|best)\.(?:tmp|old)-(\d+)$")
@@ -51,37 +53,12 @@ def checkpoint_name(iteration: int) -> str:
     return f"iter-{iteration:06d}"
 
 
-def _fsync_dir(path: Path) -> None:
-    # A rename is durable only once the directory holding it is synced.
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _fsync_tree(root: Path) -> None:
     for dirpath, _, filenames in os.walk(root):
         for name in filenames:
             with open(os.path.join(dirpath, name), "rb") as fh:
                 os.fsync(fh.fileno())
-        _fsync_dir(Path(dirpath))
-
-
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old or the new content, never a mix."""
-    path = Path(path)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
+        fsync_dir(Path(dirpath))
 
 
 # ----------------------------------------------------------------------------- RNG states
@@ -286,7 +263,7 @@ def save_checkpoint(
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, final)
-        _fsync_dir(ckpt_dir)
+        fsync_dir(ckpt_dir)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         old = ckpt_dir / f"{name}.old-{os.getpid()}"

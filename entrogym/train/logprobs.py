@@ -261,11 +261,16 @@ def _head_replaced(head: torch.nn.Module, fn: Callable[[Tensor, Tensor], Tensor]
     Going through the model's own forward (rather than calling the decoder body directly)
     keeps FSDP2's root hooks in charge of unsharding the embedding, norm and head weights.
     """
+    # accelerate's hooks live in an instance-level ``forward``; put back whatever was there.
+    saved = head.__dict__.get("forward")
     head.forward = lambda hidden: fn(hidden, head.weight)
     try:
         yield
     finally:
-        del head.forward
+        if saved is None:
+            del head.forward
+        else:
+            head.forward = saved
 
 
 def _score_sequences(

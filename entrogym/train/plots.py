@@ -24,6 +24,7 @@ matplotlib.use("Agg")  # files only; no display on servers and CI
 from matplotlib import pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from entrogym.atomic import atomic_path  # noqa: E402
 from entrogym.train.metrics import cumulative_entropy, read_metrics  # noqa: E402
 
 # Eval-row fields tried in order when no metric is named: the share of tasks solved.
@@ -162,13 +163,11 @@ def accuracy_vs_entropy_figure(runs: list[Run]) -> Figure:
 
 
 def _save(fig: Figure, path: Path) -> Path:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.png")
     try:
-        fig.savefig(tmp, dpi=120)
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=120)
     finally:
         plt.close(fig)
-        tmp.unlink(missing_ok=True)
     return path
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from entrogym.atomic import swap_in_folder
 from entrogym.models import resolve_model
 from entrogym.train.precision import check_device_dtype, resolve_dtype
 
@@ -121,13 +122,7 @@ def save_adapter(model: torch.nn.Module, path: str | os.PathLike) -> Path:
     try:
         model.save_pretrained(str(tmp), safe_serialization=True)
         tmp.chmod(0o755)
-        if final.exists():
-            old = final.with_name(f".{final.name}.old-{os.getpid()}")
-            os.rename(final, old)
-            os.rename(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, final)
+        swap_in_folder(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final

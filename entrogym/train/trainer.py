@@ -24,9 +24,9 @@ from entrogym.agents.rollout import collect_rollouts
 from entrogym.algos.buffer import Batch, EpisodeBuffer
 from entrogym.algos.presets import get_algorithm
 from entrogym.algos.update import EntropyControl, policy_update
+from entrogym.atomic import atomic_write_text
 from entrogym.envs.base import make_text_env, task_ids_of
 from entrogym.train.checkpoint import (
-    atomic_write_text,
     latest_checkpoint,
     load_adapter_into,
     load_checkpoint,

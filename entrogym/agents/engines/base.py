@@ -212,7 +212,10 @@ def _safetensors_shapes(files: Sequence[Path]) -> dict[str, tuple[int, ...]]:
 
 def adapter_rank(adapter: str | os.PathLike) -> int:
     config = json.loads((Path(adapter) / "adapter_config.json").read_text())
-    ranks = [int(config.get("r", 0)), *(int(v) for v in (config.get("rank_pattern") or {}).values())]
+    ranks = [
+        int(config.get("r", 0)),
+        *(int(v) for v in (config.get("rank_pattern") or {}).values()),
+    ]
     return max(ranks)
 
 

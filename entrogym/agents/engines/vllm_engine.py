@@ -175,5 +175,7 @@ def _completion(out: Any) -> Completion:
     if out.logprobs is None or len(out.logprobs) != len(ids):
         raise RuntimeError("vLLM returned no log-prob for some sampled tokens (logprobs=0 unset?)")
     logprobs = [float(step[tid].logprob) for tid, step in zip(ids, out.logprobs, strict=True)]
-    reason = out.finish_reason if out.finish_reason in ("stop", "length") else str(out.finish_reason)
+    reason = (
+        out.finish_reason if out.finish_reason in ("stop", "length") else str(out.finish_reason)
+    )
     return Completion(ids, logprobs, reason, {"stop_reason": out.stop_reason})

@@ -167,7 +167,9 @@ class VLLMServerEngine(Engine):
         self.server: LocalVLLMServer | None = None
         if not self.urls:
             self.server = LocalVLLMServer(
-                model, args + list(server_args or []), kv_cache_gb=kv_cache_gb,
+                model,
+                args + list(server_args or []),
+                kv_cache_gb=kv_cache_gb,
                 timeout=startup_timeout,
             )
         self._session = requests.Session()
@@ -222,7 +224,9 @@ class VLLMServerEngine(Engine):
             r = self._session.request(method, url + path, json=body, timeout=timeout)
         except requests.ConnectionError as e:
             if self.server is not None and not self.server.alive():
-                raise EngineDied(f"local vllm serve exited; log tail:\n{self.server.log_tail()}") from e
+                raise EngineDied(
+                    f"local vllm serve exited; log tail:\n{self.server.log_tail()}"
+                ) from e
             if self.server is not None:
                 raise EngineDied(f"local vllm serve at {url} stopped answering: {e}") from e
             raise ConnectionError(
@@ -260,7 +264,9 @@ class VLLMServerEngine(Engine):
         current = self._loaded.get(url)
         if current is not None and current[0] == key:
             return name
-        self._request("POST", url, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": adapter})
+        self._request(
+            "POST", url, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": adapter}
+        )
         if current is not None:
             try:  # free the previous version's slot; a failure here only costs memory
                 self._request("POST", url, "/v1/unload_lora_adapter", {"lora_name": current[1]})
