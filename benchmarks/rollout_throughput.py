@@ -12,10 +12,14 @@ Prints JSON with both figures and their ratio.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import time
 
 from jsonargparse import ArgumentParser
+
+# Keep vLLM's start-up chatter out of the JSON output (errors still show).
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 import entrogym  # noqa: F401
 from entrogym.agents.agent import LLMAgent

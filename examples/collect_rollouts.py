@@ -11,9 +11,13 @@ Prints one JSON line per (engine, dtype) run.
 from __future__ import annotations
 
 import json
+import os
 import time
 
 from jsonargparse import ArgumentParser
+
+# Keep vLLM's start-up chatter out of the JSON output (errors still show).
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 import entrogym  # noqa: F401  (registers the envs)
 from entrogym.agents.agent import LLMAgent

@@ -204,3 +204,31 @@ def test_bad_engine_options():
         make_engine("hf", MODEL, dtype="int4")
     with pytest.raises(ValueError, match="max_tokens"):
         SamplingParams(max_tokens=0)
+
+
+def test_hf_engine_applies_and_removes_adapters(engine, tmp_path):
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    torch.manual_seed(0)
+    lora = get_peft_model(
+        load_base_model(MODEL, dtype="fp32"),
+        LoraConfig(r=4, lora_alpha=32, target_modules=["q_proj", "down_proj"],
+                   init_lora_weights=False, task_type="CAUSAL_LM"),
+    )  # fmt: skip
+    lora.save_pretrained(str(tmp_path / "v1"))
+    agent = LLMAgent.from_model(MODEL, max_turn_tokens=4, max_context=128)
+    base = load_base_model(MODEL, dtype="fp32")
+    peft_model = PeftModel.from_pretrained(
+        load_base_model(MODEL, dtype="fp32"), str(tmp_path / "v1")
+    )
+
+    def rollout(adapter):
+        return collect_rollouts(
+            Steps, ["t0"], engine, agent, k=2, adapter=adapter, early_stop=False
+        )
+
+    with_adapter = rollout(str(tmp_path / "v1"))
+    assert episodes_mismatch(peft_model.eval(), with_adapter)["max_abs_diff"] < 1e-4
+    assert episodes_mismatch(base.eval(), with_adapter)["mean_abs_diff"] > 1e-2
+    without = rollout(None)  # back to the base model after an adapter was loaded
+    assert episodes_mismatch(base, without)["max_abs_diff"] < 1e-4

@@ -6,6 +6,7 @@ model's raw logits at each sampled id (the same quantity vLLM reports by default
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from typing import Any
 
@@ -67,9 +68,7 @@ class HFEngine(Engine):
         from peft import PeftModel
 
         if adapter is None:
-            return (
-                self._model.get_base_model() if isinstance(self._model, PeftModel) else self._model
-            )
+            return self._model
         key = adapter_key(adapter)
         name = self._adapters.get(key)
         if name is None:
@@ -93,7 +92,17 @@ class HFEngine(Engine):
     def _generate(
         self, prompts: list[list[int]], params: list[SamplingParams], adapter: str | None
     ) -> list[Completion]:
+        from peft import PeftModel
+
         model = self._select_adapter(adapter)
+        # LoRA layers live inside the base modules: the base model needs them switched off.
+        off = adapter is None and isinstance(model, PeftModel)
+        with model.disable_adapter() if off else contextlib.nullcontext():
+            return self._generate_all(model, prompts, params)
+
+    def _generate_all(
+        self, model: Any, prompts: list[list[int]], params: list[SamplingParams]
+    ) -> list[Completion]:
         size = self.batch_size or len(prompts)
         # One generate call per distinct set of sampling settings (max_tokens aside).
         order = sorted(range(len(prompts)), key=lambda i: _settings(params[i]))

