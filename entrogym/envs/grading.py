@@ -20,25 +20,29 @@ from __future__ import annotations
 
 import atexit
 import importlib.util
-import json
 import os
 import re
-import select
-import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from fractions import Fraction
 from importlib import import_module
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+
+from entrogym.envs.grader_pool import STARTUP_TIMEOUT_S, Pool
+
+__all__ = [
+    "STARTUP_TIMEOUT_S",
+    "GradeResult",
+    "grade",
+    "is_correct",
+    "stats",
+    "warm_up",
+    "shutdown",
+]
 
 MAX_ANSWER_CHARS = 4096  # longer "answers" are not answers, and would cost quadratic regexes
-STARTUP_TIMEOUT_S = 60.0  # a cold worker imports sympy, antlr and math-verify once
-_MAX_IDLE = max(1, int(os.environ.get("ENTROGYM_GRADER_WORKERS", "2")))
-_WORKER_MEMORY_MB = int(os.environ.get("ENTROGYM_GRADER_MAX_MEMORY_MB", "3072"))
 
 
 @dataclass(frozen=True)
@@ -282,185 +286,10 @@ def is_correct(
     return grade(response, reference, timeout, allow_bare_number=allow_bare_number).correct
 
 
-# ----- worker processes ----------------------------------------------------------------------
+_POOL = Pool()
 
 
-class _Worker:
-    """One grading subprocess speaking JSON lines over its stdin/stdout."""
-
-    def __init__(self) -> None:
-        root = str(Path(__file__).resolve().parents[2])
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                "from entrogym.envs.grading import _worker_main; _worker_main()",
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            env=env,
-        )
-        self._buf = b""
-
-    def wait_ready(self) -> None:
-        try:
-            line = self.read_line(time.monotonic() + STARTUP_TIMEOUT_S)
-        except EOFError:
-            line = None
-        if line is None or json.loads(line).get("ready") is not True:
-            self.kill()
-            raise RuntimeError(
-                'the grading worker did not start; run `python -c "from entrogym.envs.grading '
-                'import _worker_main; _worker_main()"` to see its error'
-            )
-
-    def read_line(self, deadline: float) -> bytes | None:
-        """One line, or None at the deadline; EOFError if the worker died."""
-        assert self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        while b"\n" not in self._buf:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            ready, _, _ = select.select([fd], [], [], remaining)
-            if not ready:
-                return None
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                raise EOFError("grading worker exited")
-            self._buf += chunk
-        line, _, self._buf = self._buf.partition(b"\n")
-        return line
-
-    def send(self, payload: dict[str, Any]) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(payload).encode() + b"\n")
-        self.proc.stdin.flush()
-
-    def kill(self) -> None:
-        try:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-        self.close_pipes()
-
-    def close_pipes(self) -> None:
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            try:
-                if pipe is not None:
-                    pipe.close()
-            except OSError:
-                pass
-
-
-class _Pool:
-    """Idle workers, handed to one caller at a time.
-
-    A caller finding none waits for one being started in the background (after a kill) or
-    starts its own, so concurrent calls never queue behind each other's timeouts.
-    """
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._idle: list[_Worker] = []
-        self._starting = 0  # background starts that will land in _idle
-        self._waiting = 0
-
-    def _acquire(self) -> _Worker:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        with self._cond:
-            while not self._idle and self._starting > self._waiting:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._waiting += 1
-                try:
-                    self._cond.wait(remaining)
-                finally:
-                    self._waiting -= 1
-            if self._idle:
-                return self._idle.pop()
-        worker = _Worker()
-        worker.wait_ready()
-        return worker
-
-    def _release(self, worker: _Worker) -> None:
-        with self._cond:
-            if len(self._idle) < _MAX_IDLE:
-                self._idle.append(worker)
-                self._cond.notify()
-                return
-        worker.kill()
-
-    def warm(self, n: int) -> None:
-        with self._cond:
-            missing = max(0, min(n, _MAX_IDLE) - len(self._idle) - self._starting)
-        workers = [_Worker() for _ in range(missing)]
-        for w in workers:
-            w.wait_ready()
-            self._release(w)
-
-    def call(self, payload: dict[str, Any], timeout: float) -> dict[str, Any] | None:
-        worker = self._acquire()
-        try:
-            worker.send(payload)
-            line = worker.read_line(time.monotonic() + timeout)
-        except (OSError, EOFError):
-            worker.kill()
-            self._replace_in_background()
-            raise
-        if line is None:
-            worker.kill()
-            self._replace_in_background()
-            return None
-        self._release(worker)
-        return json.loads(line)
-
-    def _replace_in_background(self) -> None:
-        """Start a worker for the next call now, so it does not pay the start-up after a kill."""
-        with self._cond:
-            if len(self._idle) + self._starting >= _MAX_IDLE:
-                return
-            self._starting += 1
-
-        def start() -> None:
-            worker = None
-            try:
-                worker = _Worker()
-                worker.wait_ready()
-            except (OSError, RuntimeError):
-                worker = None
-            if worker is not None:
-                self._release(worker)
-            with self._cond:
-                self._starting -= 1
-                self._cond.notify_all()
-
-        threading.Thread(target=start, name="entrogym-grader-start", daemon=True).start()
-
-    def shutdown(self) -> None:
-        with self._cond:
-            idle, self._idle = self._idle, []
-        for w in idle:
-            w.kill()
-
-    def forget(self) -> None:
-        """In a forked child: drop the parent's workers without touching their processes."""
-        for w in self._idle:
-            w.close_pipes()
-        self._idle = []
-        self._starting = self._waiting = 0
-        self._cond = threading.Condition()
-
-
-_POOL = _Pool()
-
-
-def _pool() -> _Pool:
+def _pool() -> Pool:
     return _POOL
 
 
@@ -486,53 +315,3 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def _equivalent(answer: str, reference: str) -> tuple[bool, str]:
-    """Worker side: lm-eval's sympy verdict, or math-verify's where lm-eval cannot parse."""
-    m = minerva()
-    try:
-        m.parse_latex(answer)
-        m.parse_latex(reference)
-        readable = True
-    except Exception:  # noqa: BLE001 - any parser failure means "lm-eval gives up"
-        readable = False
-    if readable:
-        return bool(m.is_equiv(answer, reference)), "sympy"
-    from math_verify import parse, verify
-
-    gold, pred = parse(f"${reference}$"), parse(f"${answer}$")
-    return bool(gold and pred and verify(gold, pred)), "math-verify"
-
-
-def _worker_main() -> None:
-    """Entry point of a grading worker process (JSON lines on stdin/stdout)."""
-    import resource
-
-    limit = _WORKER_MEMORY_MB * 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    # Libraries print (antlr warns about versions); keep the protocol channel private.
-    out = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
-    parent = os.getppid()
-
-    def watch_parent() -> None:
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os._exit(0)
-
-    threading.Thread(target=watch_parent, daemon=True).start()
-    # First calls load antlr's tables and sympy's simplify machinery (about a second); pay
-    # that before "ready" so it never counts against a caller's timeout.
-    _equivalent("\\frac{x}{2}", "0.5x")
-    _equivalent("(1,2]", "(1,2]")
-
-    out.write(json.dumps({"ready": True}) + "\n")
-    for line in sys.stdin:
-        try:
-            req = json.loads(line)
-            correct, method = _equivalent(req["answer"], req["reference"])
-            reply = {"correct": correct, "method": method}
-        except BaseException as e:  # noqa: BLE001 - MemoryError, RecursionError: answer "no"
-            reply = {"correct": False, "method": f"error: {type(e).__name__}"}
-        out.write(json.dumps(reply) + "\n")
