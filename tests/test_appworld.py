@@ -31,19 +31,6 @@ def test_tgc_sgc_match_appworld_definition() -> None:
         metrics.task_goal_completion({})
 
 
-def test_pass_at_k_unbiased_estimator() -> None:
-    assert metrics.pass_at_k(4, 0, 2) == 0.0
-    assert metrics.pass_at_k(4, 4, 1) == 1.0
-    assert metrics.pass_at_k(4, 1, 1) == pytest.approx(0.25)
-    assert metrics.pass_at_k(4, 1, 2) == pytest.approx(1 - 3 / 6)  # 1 - C(3,2)/C(4,2)
-    assert metrics.mean_pass_at_k({"x": [True, False], "y": [False, False]}, 2) == pytest.approx(
-        0.5
-    )
-    assert metrics.accuracy({"x": [True, False], "y": [True, True]}) == pytest.approx(0.75)
-    with pytest.raises(ValueError, match="k"):
-        metrics.pass_at_k(2, 1, 3)
-
-
 def test_extract_code_and_clip() -> None:
     assert extract_code("no code here") is None
     assert extract_code("a\n```python\nx = 1\n```\nb\n```\nprint(x)\n```") == "x = 1\n\nprint(x)"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from entrogym.evaluate import cli
-from entrogym.train.evaluation import pass_at_k
+from entrogym.train.evaluation import mean_pass_at_k, pass_at_k
 
 TINY = ["--model", "tiny-random-llama", "--engine", "hf", "--engine-dtype", "fp32"]
 
@@ -74,3 +74,18 @@ def test_eval_unknown_env_exits_2(capsys) -> None:
 def test_eval_bad_option_exits_2(capsys) -> None:
     assert cli(["--env", "entrogym/Arithmetic-v0", *TINY, "--samples", "0"]) == 2
     assert "--samples" in capsys.readouterr().err
+
+
+def test_pass_at_k_unbiased_estimator() -> None:
+    assert pass_at_k(4, 0, 2) == 0.0
+    assert pass_at_k(4, 4, 1) == 1.0
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    assert pass_at_k(4, 1, 2) == pytest.approx(1 - 3 / 6)  # 1 - C(3,2)/C(4,2)
+    assert pass_at_k(4, 3, 2) == 1.0  # C(1, 2) = 0: any 2 of 4 include a correct one
+    assert mean_pass_at_k({"x": [True, False], "y": [False, False]}, 2) == pytest.approx(0.5)
+    # an early-stopped task with one sample counts at k = 1
+    assert mean_pass_at_k({"x": [True], "y": [False, True, False]}, 2) == pytest.approx(
+        (1 + (1 - 1 / 3)) / 2
+    )
+    with pytest.raises(ValueError, match="k"):
+        pass_at_k(2, 1, 3)

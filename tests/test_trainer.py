@@ -56,6 +56,7 @@ SMALL = dict(
     early_stop_fraction=1.0,
     max_response_tokens=4,
     on_turn_budget="step",
+    micro_batch_size=4,  # 6 trajectories: two micro-batches, so accumulation runs
     max_context_tokens=256,
     lr=1e-2,
     max_grad_norm=1.0,

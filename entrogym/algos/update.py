@@ -164,6 +164,11 @@ def policy_update(
             finite = True
             for index in micro_batches(minibatch, micro_batch_size):
                 logprobs, token_entropies = score(index, needs_entropy)
+                if not finite or not torch.isfinite(logprobs.detach()).all():
+                    # A diverged model scores NaN/inf: the step is skipped and counted below,
+                    # not raised (the formula functions reject such input from callers).
+                    finite = False
+                    continue
                 adv = shape_advantages(control, advantages[index], logprobs)
                 loss, metrics = clipped_policy_loss(
                     logprobs,

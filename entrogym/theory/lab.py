@@ -223,23 +223,29 @@ def lab_from_args(args: Any) -> LabConfig:
     return LabConfig(algos=algos, **fields)
 
 
-def cli(argv: list[str]) -> int:
+def cli(argv: list[str], prog: str = "entrogym bandit", default_out: str = "runs/bandit") -> int:
     """``entrogym bandit --algos ... --seeds 3 --iters N --out DIR [--json]``."""
     import json
 
     from entrogym.theory.lab_report import format_table
 
-    args = build_parser().parse_args(argv)
+    args = build_parser(prog=prog, default_out=default_out).parse_args(argv)
     lab = lab_from_args(args)
     try:
         lab.validate()
     except ValueError as e:
-        print(f"entrogym bandit: {e}", file=sys.stderr)
+        print(f"{prog}: {e}", file=sys.stderr)
         return 2
+    if not args.json:
+        print(
+            f"bandit lab: {len(lab.algos)} presets x {lab.seeds} seeds x {lab.iters} iterations "
+            f"({lab.n_states} states, {lab.n_arms} arms, {lab.samples_per_state} samples/state)",
+            flush=True,
+        )
     summary = run_lab(lab, Path(args.out), progress=not args.json)
     if args.json:
         print(json.dumps(summary))
     else:
         print(format_table(summary))
-        print(f"wrote {args.out}/metrics.jsonl, summary.json, entropy.png")
+        print(f"wrote {args.out}/metrics.jsonl, {args.out}/summary.json, {args.out}/entropy.png")
     return 0

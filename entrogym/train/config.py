@@ -37,6 +37,8 @@ class TrainConfig:
         early_stop_min_per_task: rollouts per task needed before the batch may stop early.
         early_stop_fraction: share of all rollouts needed before stopping early (paper: 0.9).
         lr, weight_decay, max_grad_norm: AdamW and gradient clipping (paper: 5e-5, 0.01, 0.1).
+        micro_batch_size: trajectories per forward/backward; gradients of a minibatch's
+            micro-batches are accumulated, so this bounds activation memory, not the math.
         lora_rank, lora_alpha: LoRA on q, k, v, o, gate, up, down (paper: 16, 32).
         bf16_round_logprobs: emulate Thm 3's bf16 rounding of log-probs before the ratio (off).
         softmax_fix: fp64 recomputation of near-certain tokens' gradients (appendix; on).
@@ -73,6 +75,7 @@ class TrainConfig:
     lr: float = 5e-5
     weight_decay: float = 0.01
     max_grad_norm: float = 0.1
+    micro_batch_size: int = 8
     lora_rank: int = 16
     lora_alpha: int = 32
     bf16_round_logprobs: bool = False
@@ -91,7 +94,13 @@ class TrainConfig:
     system_prompt: str | None = None
 
     def __post_init__(self) -> None:
-        positive = ("iterations", "tasks_per_iter", "max_response_tokens", "checkpoint_every")
+        positive = (
+            "iterations",
+            "tasks_per_iter",
+            "max_response_tokens",
+            "checkpoint_every",
+            "micro_batch_size",
+        )
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

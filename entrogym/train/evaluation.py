@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from math import comb
 from typing import Any
@@ -13,10 +14,24 @@ from entrogym.envs.base import make_text_env, task_ids_of
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n samples with c correct (Chen et al. 2021): 1 - C(n-c, k) / C(n, k)."""
-    if not 0 <= c <= n or not 1 <= k <= n:
-        raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    """Unbiased pass@k from ``n`` samples of which ``c`` are correct: 1 - C(n-c, k) / C(n, k)
+    (Chen et al., 2021, "Evaluating Large Language Models Trained on Code", eq. 1)."""
+    if not (0 <= c <= n) or n < 1:
+        raise ValueError(f"pass_at_k needs n >= 1 and 0 <= c <= n, got n={n}, c={c}")
+    if not 1 <= k <= n:
+        raise ValueError(f"pass_at_k needs 1 <= k <= n (samples per task), got k={k}, n={n}")
     return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+def mean_pass_at_k(correct: Mapping[str, Sequence[bool]], k: int) -> float:
+    """pass@k averaged over tasks; ``correct[task]`` holds one bool per sample. A task with
+    fewer than ``k`` samples (early-stopped) counts with k = its sample count."""
+    scored = {t: v for t, v in correct.items() if v}
+    if not scored:
+        raise ValueError("mean_pass_at_k needs at least one task with a sample")
+    return sum(pass_at_k(len(v), sum(map(bool, v)), min(k, len(v))) for v in scored.values()) / len(
+        scored
+    )
 
 
 @dataclass
@@ -63,28 +78,24 @@ def evaluate_policy(
         env_kwargs=env_kwargs,
         seed=seed,
     )
-    per_task = []
-    for task in tasks:
-        eps = [e for e in episodes if e.task_id == task]
-        correct = sum(bool(e.info.get("success", e.reward >= 1.0)) for e in eps)
-        per_task.append(
-            {
-                "task_id": task,
-                "samples": len(eps),
-                "correct": correct,
-                "rewards": [e.reward for e in eps],
-            }
-        )
-    scored = [t for t in per_task if t["samples"] > 0]
-    k = samples
+    correct = {
+        task: [bool(e.info.get("success", e.reward >= 1.0)) for e in episodes if e.task_id == task]
+        for task in tasks
+    }
+    per_task = [
+        {
+            "task_id": task,
+            "samples": len(correct[task]),
+            "correct": sum(correct[task]),
+            "rewards": [e.reward for e in episodes if e.task_id == task],
+        }
+        for task in tasks
+    ]
     summary = {
         "tasks": len(tasks),
         "samples": samples,
-        "pass@1": sum(t["correct"] / t["samples"] for t in scored) / max(len(scored), 1),
-        f"pass@{k}": sum(
-            pass_at_k(t["samples"], t["correct"], min(k, t["samples"])) for t in scored
-        )
-        / max(len(scored), 1),
+        "pass@1": mean_pass_at_k(correct, 1),
+        f"pass@{samples}": mean_pass_at_k(correct, samples),
         "reward_mean": sum(e.reward for e in episodes) / max(len(episodes), 1),
     }
     return EvalResult(summary=summary, per_task=per_task, episodes=list(episodes))

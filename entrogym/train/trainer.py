@@ -215,7 +215,7 @@ class Trainer:
             score=lambda index, need: self.score(batch, index, need),
             backward=lambda loss: self.scaler.scale(loss).backward(),
             step=self.step,
-            micro_batch_size=self.micro_batch_size,
+            micro_batch_size=self.cfg.micro_batch_size,
             generator=torch.Generator().manual_seed(cfg.seed * 1_000_003 + it),
         )
         update_s = time.perf_counter() - t0
@@ -248,8 +248,6 @@ class Trainer:
 
     # ----- pieces the update calls ----------------------------------------------------------
 
-    micro_batch_size = 8  # trajectories per forward/backward; bounds activation memory on CPU
-
     def score(
         self, batch: Batch, index: torch.Tensor, need_entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -260,11 +258,11 @@ class Trainer:
         rows = batch.select(index)
         fn = sequence_logprobs_and_entropy if need_entropy else sequence_logprobs
         lps, ents = [], []
-        for s in range(0, len(rows), self.micro_batch_size):
+        for s in range(0, len(rows), self.cfg.micro_batch_size):
             out = fn(
                 self.policy,
-                rows.input_ids[s : s + self.micro_batch_size],
-                rows.attention_mask[s : s + self.micro_batch_size],
+                rows.input_ids[s : s + self.cfg.micro_batch_size],
+                rows.attention_mask[s : s + self.cfg.micro_batch_size],
                 **self.logprob_opts,
             )
             lp, ent = out if need_entropy else (out, None)

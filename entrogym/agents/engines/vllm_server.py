@@ -16,12 +16,9 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -37,18 +34,13 @@ from entrogym.agents.engines.base import (
     engine_dtype,
 )
 from entrogym.agents.engines.vllm_engine import adapter_key
+from entrogym.localserver import free_port, stop_process_group, wait_for_http
 
 log = logging.getLogger(__name__)
 
 
 class ServerError(RuntimeError):
     """A server answered, but not with what the OpenAI-compatible API promises."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class LocalVLLMServer:
@@ -90,19 +82,14 @@ class LocalVLLMServer:
             self.proc = subprocess.Popen(
                 cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
-        deadline = time.monotonic() + self.timeout
-        while time.monotonic() < deadline:
-            if not self.alive():
-                raise RuntimeError(
-                    f"vllm serve {self.model} exited with code {self.proc.returncode} while "
-                    f"starting; log {self.log_path}:\n{self.log_tail()}"
-                )
-            try:
-                if requests.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(1.0)
+        outcome = wait_for_http(self.url + "/health", alive=self.alive, timeout=self.timeout)
+        if outcome == "ready":
+            return
+        if outcome == "exited":
+            raise RuntimeError(
+                f"vllm serve {self.model} exited with code {self.proc.returncode} while "
+                f"starting; log {self.log_path}:\n{self.log_tail()}"
+            )
         self.stop()
         raise RuntimeError(
             f"vllm serve {self.model} did not become healthy within {self.timeout:.0f} s "
@@ -111,18 +98,7 @@ class LocalVLLMServer:
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                proc.wait(wait)
-                return
-            except subprocess.TimeoutExpired:
-                continue
+        stop_process_group(proc, term_wait=30.0)
 
 
 class VLLMServerEngine(Engine):

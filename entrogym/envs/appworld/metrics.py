@@ -8,8 +8,7 @@ all count. Values here are fractions in [0, 1] (AppWorld prints percentages).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
-from math import comb
+from collections.abc import Mapping
 
 
 def scenario_id(task_id: str) -> str:
@@ -35,30 +34,3 @@ def scenario_goal_completion(success: Mapping[str, bool]) -> float:
     for task_id, ok in success.items():
         by_scenario[scenario_id(task_id)].append(bool(ok))
     return sum(all(v) for v in by_scenario.values()) / len(by_scenario)
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from ``n`` samples of which ``c`` are correct: 1 - C(n-c, k) / C(n, k)
-    (Chen et al., 2021, "Evaluating Large Language Models Trained on Code", eq. 1)."""
-    if not (0 <= c <= n) or n < 1:
-        raise ValueError(f"pass_at_k needs n >= 1 and 0 <= c <= n, got n={n}, c={c}")
-    if not 1 <= k <= n:
-        raise ValueError(f"pass_at_k needs 1 <= k <= n (samples per task), got k={k}, n={n}")
-    if n - c < k:
-        return 1.0
-    return 1.0 - comb(n - c, k) / comb(n, k)
-
-
-def mean_pass_at_k(correct: Mapping[str, Sequence[bool]], k: int) -> float:
-    """pass@k averaged over tasks; ``correct[task]`` holds one bool per sample."""
-    if not correct:
-        raise ValueError("mean_pass_at_k needs at least one task")
-    return sum(pass_at_k(len(v), sum(map(bool, v)), k) for v in correct.values()) / len(correct)
-
-
-def accuracy(correct: Mapping[str, Sequence[bool]]) -> float:
-    """Mean correctness over all samples of all tasks (pass@1 with every sample counted)."""
-    values = [bool(x) for v in correct.values() for x in v]
-    if not values:
-        raise ValueError("accuracy needs at least one sample")
-    return sum(values) / len(values)

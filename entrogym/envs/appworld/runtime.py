@@ -14,13 +14,10 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
-import signal
-import socket
 import subprocess
-import time
 from pathlib import Path
 
-import requests
+from entrogym.localserver import free_port, port_in_use, stop_process_group, wait_for_http
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 SETUP_HINT = "create it with `entrogym appworld setup` (or `make appworld-setup`)"
@@ -58,21 +55,6 @@ def check_root(appworld_root: str | Path | None) -> Path:
                 f"appworld_root={str(root)!r} has no {sub}/ (no AppWorld data): {DATA_HINT}."
             )
     return root
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def port_in_use(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-    return False
 
 
 def _limit_memory(max_bytes: int):
@@ -145,34 +127,22 @@ class AppWorldServer:
         self._wait_ready()
 
     def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.startup_timeout_s
-        while time.monotonic() < deadline:
-            if not self.alive():
-                code = self.process.returncode if self.process else None
-                raise RuntimeError(
-                    f"AppWorld server exited during startup (code {code}); see "
-                    f"{self.log_path or 'its log (pass log_path)'}."
-                )
-            try:
-                if requests.get(self.url + "/", timeout=2).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise TimeoutError(f"AppWorld server did not answer within {self.startup_timeout_s} s")
+        outcome = wait_for_http(
+            self.url + "/", alive=self.alive, timeout=self.startup_timeout_s, interval=0.2
+        )
+        if outcome == "exited":
+            code = self.process.returncode if self.process else None
+            raise RuntimeError(
+                f"AppWorld server exited during startup (code {code}); see "
+                f"{self.log_path or 'its log (pass log_path)'}."
+            )
+        if outcome == "timeout":
+            self.stop()
+            raise TimeoutError(f"AppWorld server did not answer within {self.startup_timeout_s} s")
 
     def stop(self) -> None:
         proc, self.process = self.process, None
-        if proc is None or proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=5)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=5)
+        stop_process_group(proc, term_wait=5.0)
 
     def restart(self) -> None:
         self.stop()
