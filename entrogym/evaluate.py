@@ -2,8 +2,8 @@
 
 Rollouts and pass@1 / pass@k come from :func:`entrogym.train.evaluation.evaluate_policy`.
 AppWorld splits also get AppWorld's metrics (TGC, SGC; :mod:`entrogym.envs.appworld.metrics`)
-and, with one sample per task, AppWorld's own ``appworld evaluate`` report of the kept
-experiment outputs.
+and, with one sample per task, AppWorld's own evaluator's report on the kept experiment outputs
+(a whole split or its first ``--max-tasks`` tasks).
 """
 
 from __future__ import annotations
@@ -131,26 +131,89 @@ def appworld_metrics(episodes: list[Any], tasks: list[str], samples: int) -> dic
     }
 
 
-def appworld_report(root: str, experiment: str, split: str) -> dict[str, Any]:
-    """AppWorld's own ``appworld evaluate EXPERIMENT SPLIT`` on the kept outputs."""
+# What ``appworld evaluate EXPERIMENT SPLIT`` does (appworld.evaluator.evaluate_dataset), for an
+# explicit list of tasks: that command scores every task of the split and fails on a task that
+# has no outputs, which a partial split (--max-tasks) or a failed reset leaves.
+_REPORT_SCRIPT = """
+import json, os, sys
+import appworld
+root, experiment, name, task_ids = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+appworld.update_root(root)
+from appworld.common.path_store import path_store
+from appworld.evaluator import Metric, evaluate_tasks, table_data_to_string
+metrics = evaluate_tasks(task_ids=task_ids, experiment_name=experiment, suppress_errors=True,
+                         include_details=True, save_reports=True)
+folder = os.path.join(path_store.experiment_outputs, experiment, "evaluations")
+os.makedirs(folder, exist_ok=True)
+with open(os.path.join(folder, name + ".json"), "w") as f:
+    json.dump(metrics, f, indent=2)
+table = table_data_to_string(Metric.build_report(metrics))
+with open(os.path.join(folder, name + ".txt"), "w") as f:
+    f.write(table)
+print(table)
+"""
+
+
+def report_skip_reason(samples: int) -> str | None:
+    """Why AppWorld's own report cannot run, or None: one experiment folder holds one output
+    per task, so the K samples of a task would overwrite each other's outputs."""
+    if samples > 1:
+        return (
+            f"--samples {samples}: AppWorld's report scores one output per task (use --samples 1)"
+        )
+    return None
+
+
+def appworld_report(root: str, experiment: str, name: str, tasks: list[str]) -> dict[str, Any]:
+    """AppWorld's own evaluator (``appworld.evaluator.evaluate_tasks``, as ``appworld
+    evaluate`` runs it) on the kept outputs of ``tasks``; the report is saved as
+    ``ROOT/experiments/outputs/EXPERIMENT/evaluations/NAME.json`` (and ``.txt``). Tasks without
+    outputs (their episode never started) are left out and listed in ``missing_outputs``."""
     from entrogym.envs.appworld.runtime import appworld_python
 
-    exe = appworld_python().parent / "appworld"
+    outputs = Path(root) / "experiments" / "outputs" / experiment
+    present = [t for t in tasks if (outputs / "tasks" / t / "dbs").is_dir()]
+    missing = [t for t in tasks if t not in present]
+    if not present:
+        return {
+            "ok": None,
+            "skipped": "no task left outputs to evaluate",
+            "missing_outputs": missing,
+        }
     try:
         proc = subprocess.run(
-            [str(exe), "evaluate", experiment, split, "--root", root],
+            [str(appworld_python()), "-c", _REPORT_SCRIPT, root, experiment, name, *present],
             capture_output=True, text=True, timeout=600, cwd=root,
         )  # fmt: skip
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return {"ok": False, "error": str(exc)}
-    out = {"ok": proc.returncode == 0, "returncode": proc.returncode}
+        return {"ok": False, "error": str(exc), "missing_outputs": missing}
+    out: dict[str, Any] = {"ok": proc.returncode == 0, "returncode": proc.returncode}
     out["output"] = (proc.stdout + proc.stderr)[-4000:]
-    report = Path(root) / "experiments" / "outputs" / experiment / "evaluations" / f"{split}.json"
-    if report.exists():
+    out["tasks"], out["missing_outputs"] = len(present), missing
+    report = outputs / "evaluations" / f"{name}.json"
+    if proc.returncode == 0 and report.exists():
         out["report_path"] = str(report)
         with contextlib.suppress(json.JSONDecodeError, AttributeError):
             out["aggregate"] = json.loads(report.read_text()).get("aggregate")
     return out
+
+
+def report_line(report: dict[str, Any]) -> str:
+    """One line about AppWorld's own report for the printed summary."""
+    if report.get("skipped"):
+        return f"AppWorld report skipped: {report['skipped']}"
+    if not report.get("ok"):
+        tail = (report.get("error") or report.get("output") or "").strip().splitlines()[-1:]
+        return f"AppWorld report failed: {tail[0] if tail else 'no output'}"
+    agg = report.get("aggregate") or {}
+    line = (
+        f"AppWorld report: TGC={agg.get('task_goal_completion', float('nan')):.1f}% "
+        f"SGC={agg.get('scenario_goal_completion', float('nan')):.1f}% over {report['tasks']} "
+        f"tasks ({report.get('report_path')})"
+    )
+    if report.get("missing_outputs"):
+        line += f"; no outputs for {len(report['missing_outputs'])} tasks"
+    return line
 
 
 def task_rows(per_task: list[dict], episodes: list[Any], appworld: bool) -> list[dict]:
@@ -164,6 +227,7 @@ def task_rows(per_task: list[dict], episodes: list[Any], appworld: bool) -> list
             row["fails"] = [e.info.get("fails") for e in eps]
             row["num_tests"] = [e.info.get("num_tests") for e in eps]
             row["scenario_id"] = eps[0].info.get("scenario_id") if eps else None
+            row["truncated_by"] = [e.info.get("truncated_by") for e in eps]
         rows.append(row)
     return rows
 
@@ -182,6 +246,15 @@ def human_summary(summary: dict[str, Any]) -> str:
         parts.append(f"TGC={100 * summary['tgc']:.1f}% SGC={100 * summary['sgc']:.1f}%")
     parts.append(f"({summary['wall_s']:.1f} s)")
     return " ".join(parts)
+
+
+def not_evaluated_line(summary: dict[str, Any]) -> str:
+    """One line saying how many AppWorld episodes ended before the env scored their world."""
+    return (
+        f"note: {summary['not_evaluated']} of {summary['episodes']} episodes ended at "
+        "--max-context-tokens or on an error before AppWorld evaluated them; TGC/SGC count "
+        "them as not completed (AppWorld's own report, when it runs, scores their final world)"
+    )
 
 
 def prepare(ns: Any) -> dict[str, Any]:
@@ -204,15 +277,18 @@ def prepare(ns: Any) -> dict[str, Any]:
         from entrogym.models import resolve_model
 
         resolve_model(ns.model)  # an unknown name fails here, listing the built-ins
-    experiment = None
-    # AppWorld's own report scores every task of the split from one experiment folder, so the
-    # outputs are kept for it only for a whole split with one sample per task (more samples
-    # would overwrite each other's outputs); otherwise the env deletes them after each episode.
-    if appworld and ns.samples == 1 and len(tasks) == len(all_tasks):
-        experiment = f"entrogym-eval-{uuid.uuid4().hex[:8]}"
-        env_kwargs["experiment_name"] = experiment
+    experiment, skipped = None, None
+    if appworld:
+        # keep the outputs in one experiment folder for AppWorld's own report; without it the
+        # env deletes them after each episode
+        skipped = report_skip_reason(ns.samples)
+        if skipped is None:
+            experiment = f"entrogym-eval-{uuid.uuid4().hex[:8]}"
+            env_kwargs["experiment_name"] = experiment
+    report_name = split if len(tasks) == len(all_tasks) else f"{split}-first{len(tasks)}"
     return {"appworld": appworld, "experiment": experiment, "env_kwargs": env_kwargs,
-            "tasks": tasks, "split": split}  # fmt: skip
+            "tasks": tasks, "split": split, "report_name": report_name,
+            "report_skipped": skipped}  # fmt: skip
 
 
 def run_eval(ns: Any, prepared: dict[str, Any]) -> dict[str, Any]:
@@ -255,16 +331,16 @@ def run_eval(ns: Any, prepared: dict[str, Any]) -> dict[str, Any]:
     }
     if appworld:
         summary.update(appworld_metrics(result.episodes, tasks, ns.samples))
+        # the rollout ends an episode at --max-context-tokens without stepping the env, so its
+        # world is never scored by /evaluate and it counts as not completed in TGC/SGC
+        summary["not_evaluated"] = sum(e.info.get("num_tests") is None for e in result.episodes)
         if experiment is not None:
             summary["experiment_name"] = experiment
             summary["appworld_report"] = appworld_report(
-                env_kwargs["appworld_root"], experiment, env_kwargs["split"]
+                env_kwargs["appworld_root"], experiment, prepared["report_name"], tasks
             )
         else:
-            summary["appworld_report"] = {
-                "ok": None,
-                "skipped": "needs the whole split (no --max-tasks) and --samples 1",
-            }
+            summary["appworld_report"] = {"ok": None, "skipped": prepared["report_skipped"]}
     summary["wall_s"] = time.perf_counter() - t0
     return {
         "summary": summary,
@@ -288,6 +364,10 @@ def cli(argv: list[str]) -> int:
         print(json.dumps(report["summary"], indent=2, default=str))
     else:
         print(human_summary(report["summary"]))
+        if "appworld_report" in report["summary"]:
+            print(report_line(report["summary"]["appworld_report"]))
+        if report["summary"].get("not_evaluated"):
+            print(not_evaluated_line(report["summary"]))
         if ns.out is not None:
             print(f"wrote {Path(ns.out) / 'eval.json'}")
     return 0

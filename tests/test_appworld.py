@@ -6,10 +6,14 @@ the AppWorld tests FAIL with that command instead of skipping.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -37,6 +41,109 @@ def test_extract_code_and_clip() -> None:
     assert extract_code("cut off\n```python\nprint(1)") == "print(1)"
     clipped = clip_output("x" * 10_000, 100)
     assert len(clipped) < 200 and "9900 characters omitted" in clipped
+
+
+# ----- servers die with their owner (entrogym.localserver.OwnedPopen) -------------------------
+
+# The owner starts the server from a worker thread that then exits, as rollouts do: a
+# PR_SET_PDEATHSIG-based guard would kill the server right there.
+OWNER_OF_HTTP_SERVER = """
+import subprocess, sys, threading, time
+from entrogym.localserver import OwnedPopen, free_port
+port, box = free_port(), []
+cmd = [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)]
+start = lambda: box.append(OwnedPopen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+thread = threading.Thread(target=start)
+thread.start()
+thread.join()
+print(box[0].pid, port, flush=True)
+time.sleep(600)
+"""
+
+OWNER_OF_APPWORLD_ENV = """
+import sys, threading, time
+from entrogym.envs.appworld.env import AppWorldEnv
+env = AppWorldEnv("test_normal", sys.argv[1], experiment_name=sys.argv[2])
+thread = threading.Thread(target=lambda: env.reset(options={"task_id": env.task_ids()[0]}))
+thread.start()
+thread.join()
+print(env.server.process.pid, env.server.port, flush=True)
+time.sleep(600)
+"""
+
+
+def _live_group_members(pgid: int) -> list[int]:
+    """Pids of the processes of group ``pgid`` that are not zombies (from /proc)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, _ppid, pgrp = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue  # the process exited while we looked
+        if int(pgrp) == pgid and state != "Z":
+            members.append(int(stat.parent.name))
+    return members
+
+
+def _answers(port: int) -> bool:
+    import requests
+
+    try:
+        requests.get(f"http://127.0.0.1:{port}/", timeout=1)
+    except requests.RequestException:
+        return False
+    return True
+
+
+def _assert_server_dies_with_owner(script: str, *args: str, startup_s: float = 120) -> None:
+    """Run ``script`` (it prints the server's pid and port), SIGKILL it, and check that the
+    server's port stops answering and its process group empties within a few seconds."""
+    owner = subprocess.Popen(
+        [sys.executable, "-c", script, *args], stdout=subprocess.PIPE, text=True
+    )
+    pid = port = None
+    try:
+        line = owner.stdout.readline() if owner.stdout else ""
+        assert line, f"the owner exited before starting its server (code {owner.wait()})"
+        pid, port = map(int, line.split())
+        deadline = time.monotonic() + startup_s
+        while not _answers(port) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.5)  # the starting thread is long gone; the server must still be there
+        assert _answers(port) and pid in _live_group_members(pid)
+        owner.kill()  # SIGKILL: the owner runs no cleanup at all
+        owner.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while (_answers(port) or _live_group_members(pid)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _answers(port), f"server on port {port} outlived its SIGKILLed owner"
+        assert _live_group_members(pid) == [], "server processes outlived their owner"
+    finally:
+        owner.kill()
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def test_local_server_dies_with_its_sigkilled_owner() -> None:
+    _assert_server_dies_with_owner(OWNER_OF_HTTP_SERVER, startup_s=30)
+
+
+def test_stopped_local_server_leaves_no_watchdog_behind() -> None:
+    from entrogym.localserver import OwnedPopen, free_port, stop_process_group
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)]
+    proc = OwnedPopen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while not _answers(port) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _answers(port) and len(_live_group_members(proc.pid)) == 2  # server + watchdog
+    stop_process_group(proc, term_wait=5)
+    deadline = time.monotonic() + 5
+    while _live_group_members(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert proc.returncode is not None and _live_group_members(proc.pid) == []
 
 
 # ----- the fixture world and the env -----------------------------------------------------------
@@ -187,6 +294,15 @@ def test_server_death_fails_the_episode_and_restarts(world_root: Path, env) -> N
     env.reset(options={"task_id": "newnote_2"})
     _, reward, *_ = env.step(_solution(world_root, "newnote_2"))
     assert reward == 1.0
+
+
+@pytest.mark.appworld
+def test_server_dies_with_its_sigkilled_owner(world_root: Path) -> None:
+    experiment = f"entrogym-test-owner-{os.getpid()}"
+    try:
+        _assert_server_dies_with_owner(OWNER_OF_APPWORLD_ENV, str(world_root), experiment)
+    finally:  # the killed owner could not delete its episode's outputs
+        shutil.rmtree(world_root / "experiments" / "outputs" / experiment, ignore_errors=True)
 
 
 @pytest.mark.appworld

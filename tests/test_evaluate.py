@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,7 @@ def test_eval_arithmetic_writes_pass_at_k(tmp_path: Path, capsys) -> None:
     assert summary["pass@2"] >= summary["pass@1"]
 
 
-def test_eval_appworld_fixture_tgc_sgc(tmp_path: Path, capsys) -> None:
+def _fixture_root() -> Path:
     from entrogym.envs.appworld.fixture import cached_fixture
     from entrogym.envs.appworld.runtime import appworld_python
 
@@ -42,9 +43,12 @@ def test_eval_appworld_fixture_tgc_sgc(tmp_path: Path, capsys) -> None:
         appworld_python()
     except FileNotFoundError as exc:
         pytest.fail(f"{exc} (`make appworld-setup` creates it; AppWorld tests do not skip)")
-    root = cached_fixture()
+    return cached_fixture()
+
+
+def test_eval_appworld_fixture_tgc_sgc_and_appworld_report(tmp_path: Path, capsys) -> None:
+    root = _fixture_root()
     outputs = root / "experiments" / "outputs"
-    before = set(outputs.glob("*")) if outputs.exists() else set()
     out = tmp_path / "aw"
     argv = ["--env", "entrogym/AppWorld-v0", "--split", "test_normal", *TINY]
     argv += ["--appworld-root", str(root), "--max-tasks", "2", "--max-turns", "2"]
@@ -53,16 +57,38 @@ def test_eval_appworld_fixture_tgc_sgc(tmp_path: Path, capsys) -> None:
     assert "TGC=" in printed and "SGC=" in printed
     report = json.loads((out / "eval.json").read_text())
     summary, per_task = report["summary"], report["per_task"]
-    expected = (root / "data" / "datasets" / "test_normal.txt").read_text().split()[:2]
-    assert [t["task_id"] for t in per_task] == expected
-    assert summary["tgc"] == 0.0 and summary["sgc"] == 0.0  # a random model completes nothing
-    for t in per_task:
-        # the world was evaluated by AppWorld's unit tests, none of which all passed
-        assert t["num_tests"][0] >= 1 and t["passes"][0] < t["num_tests"][0]
-        assert t["scenario_id"] == t["task_id"].split("_")[0]
-    assert summary["appworld_report"]["skipped"]  # a partial split: AppWorld's report is skipped
-    after = set(outputs.glob("*")) if outputs.exists() else set()
-    assert after == before  # per-episode outputs were deleted, none kept for the report
+    try:
+        expected = (root / "data" / "datasets" / "test_normal.txt").read_text().split()[:2]
+        assert [t["task_id"] for t in per_task] == expected
+        assert summary["tgc"] == 0.0 and summary["sgc"] == 0.0  # a random model completes nothing
+        assert summary["not_evaluated"] == 0  # both episodes ended at the env's turn limit
+        for t in per_task:
+            # the world was evaluated by AppWorld's unit tests, none of which all passed
+            assert t["num_tests"][0] >= 1 and t["passes"][0] < t["num_tests"][0]
+            assert t["scenario_id"] == t["task_id"].split("_")[0]
+        # AppWorld's own evaluator scored the two tasks' kept outputs (a partial split)
+        aw = summary["appworld_report"]
+        assert aw["ok"] and aw["tasks"] == 2 and aw["missing_outputs"] == [], aw
+        assert aw["aggregate"]["task_goal_completion"] == 0.0
+        assert aw["report_path"].endswith("evaluations/test_normal-first2.json")
+        assert "AppWorld report: TGC=0.0% SGC=0.0% over 2 tasks" in printed
+    finally:
+        shutil.rmtree(outputs / summary["experiment_name"], ignore_errors=True)
+
+
+def test_eval_appworld_report_skipped_for_several_samples(capsys) -> None:
+    from entrogym.evaluate import build_parser, prepare, report_line
+
+    root = _fixture_root()
+    argv = ["--env", "entrogym/AppWorld-v0", *TINY, "--appworld-root", str(root)]
+    prepared = prepare(build_parser().parse_args([*argv, "--samples", "2"]))
+    # the two samples of a task would overwrite each other's outputs: nothing is kept
+    assert prepared["experiment"] is None and "experiment_name" not in prepared["env_kwargs"]
+    line = report_line({"ok": None, "skipped": prepared["report_skipped"]})
+    assert line.startswith("AppWorld report skipped: --samples 2") and "\n" not in line
+    prepared = prepare(build_parser().parse_args(argv))
+    assert prepared["experiment"].startswith("entrogym-eval-")
+    assert prepared["report_name"] == "test_normal" and prepared["report_skipped"] is None
 
 
 def test_eval_unknown_env_exits_2(capsys) -> None:

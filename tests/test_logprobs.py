@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -199,6 +201,80 @@ def test_naive_fp32_autograd_has_the_same_vanishing_gradient():
     logp = torch.log_softmax(hidden @ w.T, -1)[0, targets[0]]
     (grad_w,) = torch.autograd.grad(logp, w)
     assert grad_w[7].abs().max() == 0
+
+
+# 1 - p of the sampled token, from well above to far below the paper's 2^-23 ~ 1.2e-7 threshold.
+SWEEP = (1e-3, 1e-4, 1e-5, 3e-6, 1e-6, 3e-7, 1.2e-7, 5e-8, 1e-9)
+# Logits of LLM size (~20 to 30): an fp32 ulp there is ~2e-6, the scale of the unfixed error.
+LOGIT_SHIFT = 20.0
+
+
+def _logits_with_complement(q: float, vocab: int, gen: torch.Generator) -> torch.Tensor:
+    """fp32 logits whose token 0 has 1 - p = q (set in fp64, before the rounding to fp32)."""
+    z = torch.randn(vocab, generator=gen, dtype=torch.float64) * 2 + LOGIT_SHIFT
+    z[0] = torch.logsumexp(z[1:], 0) + torch.log(torch.tensor((1 - q) / q, dtype=torch.float64))
+    return z.float()
+
+
+def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((a.double() - ref).norm() / ref.norm())
+
+
+def test_softmax_fix_is_accurate_across_the_near_one_range():
+    """d logp_t / d z_t = 1 - p_t to 1e-3 relative for every 1 - p in SWEEP (identity LM head,
+    so the hidden states are the logits). Without the fix the backward's exp(z_t - lse) from an
+    fp32 lse loses 1 - p well above the 2^-23 threshold (bandit check, docs/bandit.md)."""
+    vocab, gen = 1000, torch.Generator().manual_seed(8)
+    logits = torch.stack([_logits_with_complement(q, vocab, gen) for q in SWEEP])
+    targets = torch.zeros(len(SWEEP), dtype=torch.long)
+    z64 = logits.double().requires_grad_()
+    torch.log_softmax(z64, -1).gather(1, targets[:, None]).sum().backward()
+    ref = z64.grad
+    assert torch.allclose(ref[:, 0], torch.tensor(SWEEP, dtype=torch.float64), rtol=1e-3)
+
+    rel = {}
+    for fix in (False, True):
+        h = logits.clone().requires_grad_()
+        out = token_logprobs(h, torch.eye(vocab), targets, impl="chunked", softmax_fix=fix)
+        out.sum().backward()
+        rel[fix] = ((h.grad[:, 0].double() - ref[:, 0]).abs() / ref[:, 0]).tolist()
+        # sum_j d logp_t / d z_j = (1 - p_t) - sum_{j != t} p_j = 0: the other tokens' -p_j
+        # must balance the sampled token's term, relative to that term.
+        balance = (h.grad.double().sum(-1).abs() / ref[:, 0]).tolist()
+        if fix:
+            assert max(balance) < 1e-3, dict(zip(SWEEP, balance, strict=True))
+    assert max(rel[True]) < 1e-3, dict(zip(SWEEP, rel[True], strict=True))
+    # The test can fail: the unfixed path is >10% off from 1 - p = 1e-6 down (1.0 = vanished).
+    assert all(r > 0.1 for q, r in zip(SWEEP, rel[False], strict=True) if q <= 1e-6), rel[False]
+
+
+def test_softmax_fix_hidden_and_weight_grads_across_the_near_one_range():
+    """Through a real LM head: the gradients with respect to the hidden states and the weight
+    match fp64 autograd of the same fp32 inputs to 1e-3 relative for every 1 - p in SWEEP."""
+    vocab, dim, gen = 500, 16, torch.Generator().manual_seed(9)
+    errors: dict[bool, list[float]] = {False: [], True: []}
+    for q in SWEEP:
+        weight = torch.randn(vocab, dim, generator=gen) * 0.3
+        weight[:, 0] = 0.0
+        weight[7, 0] = 1.0  # only the target reads the spike dimension
+        weight[:, 1] = 1.0  # a shared offset: every logit ~ LOGIT_SHIFT, as in an LLM
+        hidden = torch.randn(1, dim, generator=gen)
+        hidden[0, 1] = LOGIT_SHIFT
+        rest = hidden.double()[0, 1:] @ weight.double()[:, 1:].T
+        others = torch.logsumexp(rest[torch.arange(vocab) != 7], 0)
+        hidden[0, 0] = float(others - rest[7] + math.log((1 - q) / q))  # z_7: 1 - p = q
+        targets = torch.tensor([7])
+        ref_logp, ref_h, ref_w = _fp64_grads(hidden, weight, targets)
+        assert -math.expm1(float(ref_logp)) == pytest.approx(q, rel=1e-2)
+        for fix in (False, True):
+            h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+            out = token_logprobs(h, w, targets, impl="chunked", softmax_fix=fix)
+            gh, gw = torch.autograd.grad(out.sum(), (h, w))
+            # grad_w[7] = (1 - p) h is the sampled token's own term, isolated.
+            errors[fix].append(max(_rel(gh, ref_h), _rel(gw[7], ref_w[7]), _rel(gw, ref_w)))
+    assert max(errors[True]) < 1e-3, dict(zip(SWEEP, errors[True], strict=True))
+    unfixed = errors[False]
+    assert all(e > 0.1 for q, e in zip(SWEEP, unfixed, strict=True) if q <= 1e-6), unfixed
 
 
 def test_bf16_rounding_flag():

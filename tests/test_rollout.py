@@ -232,3 +232,23 @@ def test_hf_engine_applies_and_removes_adapters(engine, tmp_path):
     assert episodes_mismatch(base.eval(), with_adapter)["mean_abs_diff"] > 1e-2
     without = rollout(None)  # back to the base model after an adapter was loaded
     assert episodes_mismatch(base, without)["max_abs_diff"] < 1e-4
+
+
+class Scored(Steps):
+    """Never ends by itself; its terminal outcome when cut short is a partial score."""
+
+    def _respond(self, action):
+        return Turn("x " * 40, done=False)  # long feedback fills a small context fast
+
+    def _on_truncate(self):
+        return Turn(done=True, reward=0.25, success=False, info={"scored_at_end": True})
+
+
+def test_full_context_ends_with_the_envs_own_outcome(engine):
+    """AppWorld evaluates the world when the agent's context fills: the episode's reward is
+    the env's ``end_episode`` outcome, not a blanket 0."""
+    agent = LLMAgent.from_model(MODEL, max_turn_tokens=3, max_context=160, on_turn_budget="step")
+    runs = collect_rollouts(Scored, ["t0"], engine, agent, k=2, early_stop=False)
+    for e in runs:
+        assert e.info["truncated_by"] == "context" and e.info["scored_at_end"], e.info
+        assert e.reward == 0.25 and e.info["success"] is False

@@ -222,7 +222,10 @@ def _begin(
 
 def _advance(r: _Run, end: TurnEnd, agent: LLMAgent) -> None:
     """Hand a finished turn's action to the env and append its answer."""
-    if end.limit == "context" or (end.limit == "turn" and agent.on_turn_budget == "truncate"):
+    if end.limit == "context":
+        _context_full(r)
+        return
+    if end.limit == "turn" and agent.on_turn_budget == "truncate":
         r.finish(0.0, truncated=True, truncated_by=end.limit, success=False)
         return
     if not end.text:
@@ -248,7 +251,23 @@ def _advance(r: _Run, end: TurnEnd, agent: LLMAgent) -> None:
             truncated_by="env" if truncated else None,
         )
     elif not agent.add_feedback(r.t, obs):
-        r.finish(0.0, truncated=True, truncated_by="context", success=False)
+        _context_full(r)
+
+
+def _context_full(r: _Run) -> None:
+    """The context window is full: the episode ends with the env's own terminal outcome
+    (``TextEnv.end_episode``: AppWorld runs its evaluator on the world as it is), or as a
+    failure for envs without one."""
+    end = getattr(r.env.unwrapped, "end_episode", None)
+    reward, info = 0.0, {"success": False}
+    if end is not None:
+        try:
+            reward, info = end()
+        except Exception as e:  # noqa: BLE001
+            r.fail("end_episode", e)
+            return
+    r.info.update(info)
+    r.finish(reward, truncated=True, truncated_by="context", success=bool(info.get("success")))
 
 
 def _episode(r: _Run, env: str | Callable[[], Any]) -> Episode:

@@ -197,6 +197,23 @@ class TextEnv(gym.Env[str, str]):
         self._transcript += [("agent", action), ("env", turn.observation)]
         return turn.observation, reward, terminated, truncated, info
 
+    def end_episode(self) -> tuple[float, dict[str, Any]]:
+        """End the current episode before the env would (the agent's context window is full):
+        returns the terminal reward and info of :meth:`_on_truncate` -- AppWorld evaluates the
+        world as the agent left it, other envs score a failure."""
+        if self._task_id is None or self._done:
+            raise RuntimeError("end_episode() needs an episode in progress; call reset() first")
+        end = self._on_truncate()
+        self._done = True
+        info = {
+            **end.info,
+            "task_id": self._task_id,
+            "turn": self._turn,
+            "success": bool(end.success),
+            "reward_parts": dict(end.reward_parts),
+        }
+        return float(end.reward), info
+
     def flag_action_truncated(self) -> None:
         """Tell the env that the next action was cut at the agent's token budget.
 

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from entrogym.atomic import atomic_write_text, fsync_dir
+from entrogym.train import distributed
 
 CHECKPOINTS_DIR = "checkpoints"
 _NAME_RE = re.compile(r"^iter-(\d{6,})$")
@@ -121,14 +122,17 @@ def _is_peft(model: torch.nn.Module) -> bool:
     return hasattr(model, "peft_config") and hasattr(model, "save_pretrained")
 
 
-def _save_weights(model: torch.nn.Module, folder: Path) -> None:
+def _save_weights(
+    model: torch.nn.Module, folder: Path, weights: dict[str, torch.Tensor] | None
+) -> None:
     if _is_peft(model):
-        model.save_pretrained(str(folder / _ADAPTER_DIR))
+        model.save_pretrained(str(folder / _ADAPTER_DIR), state_dict=weights)
         return
     from safetensors.torch import save_file
 
     (folder / _ADAPTER_DIR).mkdir()
-    tensors = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
+    source = model.state_dict() if weights is None else weights
+    tensors = {k: v.detach().cpu().contiguous().clone() for k, v in source.items()}
     save_file(tensors, str(folder / _ADAPTER_DIR / _PLAIN_WEIGHTS))
 
 
@@ -209,6 +213,8 @@ def save_checkpoint(
     base_model: str,
     keep: int = 3,
     best: bool = False,
+    weights: dict[str, torch.Tensor] | None = None,
+    optimizer_state: dict[str, Any] | None = None,
 ) -> Path:
     """Write checkpoint ``iteration`` of a run atomically and return its folder.
 
@@ -217,6 +223,11 @@ def save_checkpoint(
     draws the same numbers the uninterrupted one drew next. Keeps the newest ``keep``
     checkpoints plus the best one. On any error (a full disk) the partial folder is removed,
     the previous checkpoints and ``latest`` stay as they were, and the error is re-raised.
+
+    ``weights`` and ``optimizer_state`` are the gathered states of an FSDP2-sharded model (see
+    ``entrogym.train.distributed``); without them they are read from ``model`` and
+    ``optimizer``. The optimizer state is keyed by parameter name either way, so checkpoints
+    move freely between one process and a torchrun group.
     """
     if keep < 1:
         raise ValueError(f"keep must be >= 1, got {keep}")
@@ -235,11 +246,13 @@ def save_checkpoint(
     tmp = ckpt_dir / f"{name}.tmp-{os.getpid()}"
     try:
         tmp.mkdir()
-        _save_weights(model, tmp)
+        _save_weights(model, tmp, weights)
+        if optimizer_state is None and optimizer is not None:
+            optimizer_state = distributed.optimizer_state(model, optimizer, distributed.Ranks())
         torch.save(
             {
                 "iteration": iteration,
-                "optimizer": optimizer.state_dict() if optimizer is not None else None,
+                "optimizer": optimizer_state,
                 "scaler": scaler.state_dict() if scaler is not None else None,
                 "state": state,
                 "rng": rng,
@@ -444,17 +457,25 @@ def load_checkpoint(
         path = found
     meta = read_meta(path)
     _check_base_model(meta, base_model, path)
-    saved = torch.load(path / _STATE_FILE, map_location="cpu", weights_only=True)
+    saved = read_training_state(path)
     _load_weights(model, path / _ADAPTER_DIR, what=f"checkpoint {path}")
     if optimizer is not None:
         if saved["optimizer"] is None:
             raise ValueError(f"checkpoint {path} holds no optimizer state")
-        optimizer.load_state_dict(saved["optimizer"])
+        distributed.load_optimizer_state(model, optimizer, saved["optimizer"], distributed.Ranks())
     if scaler is not None and saved["scaler"]:
         scaler.load_state_dict(saved["scaler"])
     if restore_rng:
         set_rng_state(saved["rng"])
     return {**saved["state"], "iteration": int(saved["iteration"])}
+
+
+def read_training_state(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A checkpoint's raw training state: iteration, optimizer, scaler, trainer state, RNG.
+
+    For callers that restore the pieces at different moments (a torchrun learner loads the
+    weights before FSDP2 shards the model and the optimizer state after)."""
+    return torch.load(Path(path) / _STATE_FILE, map_location="cpu", weights_only=True)
 
 
 def resolve_adapter(source: str | os.PathLike[str]) -> Path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import fields
 
@@ -24,15 +25,32 @@ def build_parser() -> ArgumentParser:
 
 
 def dashed_to_fields(argv: list[str]) -> list[str]:
-    """Accept ``--tasks-per-iter`` for the field ``tasks_per_iter`` (YAML keys stay snake_case)."""
+    """Accept ``--tasks-per-iter`` for the field ``tasks_per_iter`` (YAML keys stay snake_case),
+    and list options as plain words: ``--engine-urls URL1 URL2``."""
     names = {f.name for f in fields(TrainConfig)}
-    out = []
-    for token in argv:
-        if token.startswith("--"):
-            opt, eq, value = token[2:].partition("=")
-            if opt.replace("-", "_") in names:
-                token = "--" + opt.replace("-", "_") + eq + value
-        out.append(token)
+    list_fields = {f.name for f in fields(TrainConfig) if str(f.type).startswith("list")}
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        i += 1
+        if not token.startswith("--"):
+            out.append(token)
+            continue
+        opt, eq, value = token[2:].partition("=")
+        name = opt.replace("-", "_")
+        if name not in names:
+            out.append(token)
+            continue
+        if name in list_fields and not eq:
+            words = []
+            while i < len(argv) and not argv[i].startswith("--"):
+                words.append(argv[i])
+                i += 1
+            # one word may already be a YAML/JSON list ("[a, b]"); several are the list itself
+            value = words[0] if len(words) == 1 and words[0].startswith("[") else json.dumps(words)
+            eq = "="
+        out.append("--" + name + eq + value)
     return out
 
 

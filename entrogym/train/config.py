@@ -42,8 +42,9 @@ class TrainConfig:
         lora_rank, lora_alpha: LoRA on q, k, v, o, gate, up, down (paper: 16, 32).
         bf16_round_logprobs: emulate Thm 3's bf16 rounding of log-probs before the ratio (off).
         softmax_fix: fp64 recomputation of near-certain tokens' gradients (appendix; on).
-        eval_env, eval_split, eval_every, eval_tasks, eval_samples: periodic held-out evaluation
-            (pass@1 and pass@k with k = eval_samples); eval_every 0 disables it.
+        eval_env, eval_env_kwargs, eval_split, eval_every, eval_tasks, eval_samples: periodic
+            held-out evaluation (pass@1 and pass@k with k = eval_samples) of the weights after
+            the iteration's update; eval_every 0 disables it.
         out: run folder (metrics.jsonl, tb/, checkpoints/, plots).
         checkpoint_every: iterations between checkpoints (and always at the end).
         resume: continue the run in ``out`` from its latest complete checkpoint.
@@ -81,6 +82,7 @@ class TrainConfig:
     bf16_round_logprobs: bool = False
     softmax_fix: bool = True
     eval_env: str | None = None
+    eval_env_kwargs: dict[str, Any] = field(default_factory=dict)
     eval_split: str | None = None
     eval_every: int = 0
     eval_tasks: int | None = None

@@ -112,15 +112,22 @@ def load_policy(
     return apply_lora(base, lora, seed=seed)
 
 
-def save_adapter(model: torch.nn.Module, path: str | os.PathLike) -> Path:
-    """Save the LoRA adapter in peft's format, atomically (temp folder, then rename)."""
+def save_adapter(
+    model: torch.nn.Module,
+    path: str | os.PathLike,
+    weights: dict[str, torch.Tensor] | None = None,
+) -> Path:
+    """Save the LoRA adapter in peft's format, atomically (temp folder, then rename).
+
+    ``weights``: the adapter's whole tensors when the model is FSDP2-sharded (gathered by
+    ``entrogym.train.distributed.full_trainable_state``); otherwise read from the model."""
     if not hasattr(model, "peft_config"):
         raise ValueError("save_adapter needs a peft model (load_policy with LoRA)")
     final = Path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
-        model.save_pretrained(str(tmp), safe_serialization=True)
+        model.save_pretrained(str(tmp), safe_serialization=True, state_dict=weights)
         tmp.chmod(0o755)
         swap_in_folder(tmp, final)
     finally:

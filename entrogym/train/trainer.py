@@ -17,7 +17,7 @@ import torch
 import yaml
 
 from entrogym.agents.agent import LLMAgent
-from entrogym.agents.engines import SamplingParams, make_engine
+from entrogym.agents.engines import Engine, SamplingParams, make_engine
 from entrogym.agents.episode import Episode
 from entrogym.agents.mismatch import sampler_mismatch
 from entrogym.agents.rollout import collect_rollouts
@@ -26,11 +26,14 @@ from entrogym.algos.presets import get_algorithm
 from entrogym.algos.update import EntropyControl, policy_update
 from entrogym.atomic import atomic_write_text
 from entrogym.envs.base import make_text_env, task_ids_of
+from entrogym.train import distributed as dd
 from entrogym.train.checkpoint import (
     latest_checkpoint,
     load_adapter_into,
     load_checkpoint,
+    read_training_state,
     save_checkpoint,
+    set_rng_state,
 )
 from entrogym.train.config import TrainConfig
 from entrogym.train.evaluation import evaluate_policy
@@ -58,8 +61,15 @@ def pad_to(x: torch.Tensor, length: int) -> torch.Tensor:
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig) -> None:
+    """One run. Under ``torchrun`` every rank builds one; rank 0 alone runs the rollout engine,
+    evaluates and writes files, and the policy is FSDP2-sharded over the ranks
+    (``entrogym.train.distributed`` explains the split)."""
+
+    def __init__(self, cfg: TrainConfig, engine: Engine | None = None) -> None:
+        """``engine``: a running rollout engine to share (its owner closes it); by default the
+        trainer starts the one ``cfg`` names and closes it at the end."""
         self.cfg = cfg
+        self.ranks = dd.setup_ranks()
         self.algo = get_algorithm(cfg.algo, **cfg.algo_overrides)
         self.run_dir = Path(cfg.out)
         self._check_run_dir()
@@ -79,11 +89,20 @@ class Trainer:
             lora=LoraSettings(r=cfg.lora_rank, alpha=cfg.lora_alpha),
             seed=cfg.seed,
         )
+        self.scaler = loss_scaler_for(resolve_dtype(cfg.dtype))
+        self.control = EntropyControl(self.algo)
+        self.start, self.cumulative_entropy, self.bad_steps, self.best = 0, 0.0, 0, -1.0
+        self._weights: dict[str, torch.Tensor] | None = None  # gathered adapter under torchrun
+        # Weights load into the whole model, before FSDP2 shards it; the optimizer must be
+        # built on the sharded parameters, so its state is restored after.
+        resume_from, resume_rows = self._restore_weights()
+        if self.ranks.distributed:
+            from entrogym.train.fsdp import shard_policy
+
+            shard_policy(self.policy, param_dtype=cfg.dtype)
         self.optimizer = torch.optim.AdamW(
             trainable_parameters(self.policy), lr=cfg.lr, weight_decay=cfg.weight_decay
         )
-        self.scaler = loss_scaler_for(resolve_dtype(cfg.dtype))
-        self.control = EntropyControl(self.algo)
         self.agent = LLMAgent.from_model(
             cfg.model,
             system_prompt=cfg.system_prompt,
@@ -97,18 +116,22 @@ class Trainer:
             "bf16_round_logprobs": cfg.bf16_round_logprobs,
         }
         # Engines may seed torch at start: start it before a resume restores the RNG states.
-        self.engine = make_engine(
-            cfg.engine,
-            cfg.model,
-            dtype=cfg.engine_dtype,
-            max_model_len=cfg.max_context_tokens,
-            urls=cfg.engine_urls or None,
-            seed=cfg.seed,
-        )
-        self.start, self.cumulative_entropy, self.bad_steps, self.best = 0, 0.0, 0, -1.0
-        resume_rows = self._restore()
-        self.logger = MetricsLogger(self.run_dir, resume_rows=resume_rows)
-        atomic_write_text(self.run_dir / "config.yaml", yaml.safe_dump(cfg.to_dict()))
+        self.engine, self._owns_engine = engine, engine is None
+        if self.ranks.main and engine is None:
+            self.engine = make_engine(
+                cfg.engine,
+                cfg.model,
+                dtype=cfg.engine_dtype,
+                max_model_len=cfg.max_context_tokens,
+                urls=cfg.engine_urls or None,
+                seed=cfg.seed,
+            )
+        if resume_from is not None:
+            self._restore_training_state(resume_from)
+        self.logger = None
+        if self.ranks.main:
+            self.logger = MetricsLogger(self.run_dir, resume_rows=resume_rows)
+            atomic_write_text(self.run_dir / "config.yaml", yaml.safe_dump(cfg.to_dict()))
 
     # ----- setup ----------------------------------------------------------------------------
 
@@ -120,30 +143,40 @@ class Trainer:
                 "or --out NEW_DIR to start another"
             )
 
-    def _restore(self) -> int | None:
-        """Resume from the latest complete checkpoint, or load --init-adapter; return the
-        number of metrics rows to keep (None = fresh run)."""
+    def _restore_weights(self) -> tuple[Path | None, int | None]:
+        """Load --init-adapter, or the weights and trainer state of the latest complete
+        checkpoint (--resume). Returns that checkpoint (None if none) and the number of metrics
+        rows to keep (None = fresh run)."""
         if self.cfg.init_adapter:
             load_adapter_into(self.policy, self.cfg.init_adapter, base_model=self.cfg.model)
         if not self.cfg.resume:
-            return None
+            return None, None
         ckpt = latest_checkpoint(self.run_dir)
         if ckpt is None:
-            print(f"entrogym train: no checkpoint in {self.run_dir}; starting from scratch")
-            return 0
+            self._say(f"entrogym train: no checkpoint in {self.run_dir}; starting from scratch")
+            return None, 0
         state = load_checkpoint(
             ckpt,
             model=self.policy,
-            optimizer=self.optimizer,
             scaler=self.scaler,
             base_model=self.cfg.model,
+            restore_rng=False,
         )
         self.control.load_state_dict(state["control"])
         self.start = state["iteration"] + 1
         self.cumulative_entropy = state["cumulative_entropy"]
         self.bad_steps, self.best = state["bad_steps"], state["best"]
-        print(f"entrogym train: resuming {self.run_dir} after iteration {state['iteration']}")
-        return state["metrics_rows"]
+        self._say(f"entrogym train: resuming {self.run_dir} after iteration {state['iteration']}")
+        return ckpt, state["metrics_rows"]
+
+    def _restore_training_state(self, ckpt: Path) -> None:
+        saved = read_training_state(ckpt)
+        dd.load_optimizer_state(self.policy, self.optimizer, saved["optimizer"], self.ranks)
+        set_rng_state(saved["rng"])
+
+    def _say(self, message: str, **kwargs: Any) -> None:
+        if self.ranks.main:
+            print(message, flush=True, **kwargs)
 
     # ----- the loop -------------------------------------------------------------------------
 
@@ -151,8 +184,8 @@ class Trainer:
         cfg = self.cfg
         for it in progress(range(self.start, cfg.iterations), desc="iterations", unit="iter"):
             row = self.iteration(it)
-            self.logger.log(row, step=it)
-            print(_summary_line(row), flush=True)
+            self._log(row, it)
+            self._say(_summary_line(row))
             improved = False
             if (
                 cfg.eval_env
@@ -160,7 +193,7 @@ class Trainer:
                 and (it % cfg.eval_every == 0 or it == cfg.iterations - 1)
             ):
                 eval_row = self.evaluate(it)
-                self.logger.log(eval_row, step=it)
+                self._log(eval_row, it)
                 improved = eval_row["pass@1"] > self.best
                 self.best = max(self.best, eval_row["pass@1"])
             if (it + 1) % cfg.checkpoint_every == 0 or it == cfg.iterations - 1 or improved:
@@ -171,10 +204,15 @@ class Trainer:
                     f"gradients (max_bad_steps={cfg.max_bad_steps}); lower lr or use dtype fp32"
                 )
 
-    def iteration(self, it: int) -> dict[str, Any]:
+    def _log(self, row: dict[str, Any] | None, it: int) -> None:
+        if self.logger is not None and row is not None:
+            self.logger.log(row, step=it)
+
+    def collect(self, it: int) -> tuple[Batch, dict[str, Any]] | str:
+        """Rank 0: rollouts with the current adapter (a new folder per version), as a batch
+        plus the rollout statistics of the metrics row; or the reason there is none."""
         cfg = self.cfg
-        # 1. Rollouts with the current policy's adapter (a new folder per version).
-        adapter = save_adapter(self.policy, self.run_dir / "adapters" / f"v{it:06d}")
+        adapter = save_adapter(self.policy, self.run_dir / "adapters" / f"v{it:06d}", self._weights)
         tasks = random.Random(cfg.seed * 1_000_003 + it).sample(
             self.tasks, min(cfg.tasks_per_iter, len(self.tasks))
         )
@@ -192,12 +230,29 @@ class Trainer:
             env_kwargs=cfg.env_kwargs,
             seed=cfg.seed * 1_000_003 + it * len(tasks) * cfg.samples,
         )
-        rollout_s = time.perf_counter() - t0
         episodes = usable_episodes(list(rollouts))
         if not episodes:
-            raise TrainingStopped(f"iteration {it}: no episode with action tokens came back")
-        batch = EpisodeBuffer(self.pad_id, episodes).to_batch()
+            return f"iteration {it}: no episode with action tokens came back"
+        stats = {
+            "success_rate": _success_rate(episodes),
+            "episodes": len(episodes),
+            "rollout_s": time.perf_counter() - t0,
+            "tokens_per_s": rollouts.stats["tokens_per_s"],
+        }
+        return EpisodeBuffer(self.pad_id, episodes).to_batch(), stats
 
+    def iteration(self, it: int) -> dict[str, Any]:
+        cfg = self.cfg
+        # 1. Rollouts (rank 0), broadcast to every rank of a torchrun learner.
+        self._weights = (
+            dd.full_trainable_state(self.policy, self.ranks) if self.ranks.distributed else None
+        )
+        collected = dd.on_main(lambda: self.collect(it), self.ranks)
+        if isinstance(collected, str):
+            raise TrainingStopped(collected)
+        batch, rollout_stats = collected
+
+        self._grad_norms: list[float] = []  # filled by step(), before clipping
         # 2. Old log-probs recomputed on the trainer in fp32 (never the engine's).
         t0 = time.perf_counter()
         with torch.no_grad():
@@ -223,7 +278,7 @@ class Trainer:
         self.cumulative_entropy += metrics["entropy"]
         n_groups = len(set(batch.group_ids.tolist()))
         if metrics["zero_adv_groups"] == n_groups:
-            print(
+            self._say(
                 f"iteration {it}: all {n_groups} groups have equal rewards within the group; "
                 "no policy-gradient signal this iteration",
                 file=sys.stderr,
@@ -234,16 +289,18 @@ class Trainer:
             "algo": self.algo.name,
             **metrics,
             "cumulative_entropy": self.cumulative_entropy,
-            "success_rate": _success_rate(episodes),
+            "success_rate": rollout_stats["success_rate"],
             "response_tokens_mean": float(action_tokens.mean()),
-            "episodes": len(episodes),
+            "episodes": rollout_stats["episodes"],
             "groups": n_groups,
             "sampler_mismatch": mismatch["mean_abs_diff"],
             "sampler_mismatch_max": mismatch["max_abs_diff"],
             "sampler_ratio_outside": mismatch["frac_ratio_outside"],
-            "rollout_s": rollout_s,
+            "rollout_s": rollout_stats["rollout_s"],
             "update_s": update_s,
-            "tokens_per_s": rollouts.stats["tokens_per_s"],
+            "grad_norm": sum(self._grad_norms) / max(len(self._grad_norms), 1),
+            "tokens_per_s": rollout_stats["tokens_per_s"],
+            "learner_ranks": self.ranks.world,
         }
 
     # ----- pieces the update calls ----------------------------------------------------------
@@ -254,20 +311,23 @@ class Trainer:
         """fp32 log-probs (and exact entropies) of rows ``index``, padded back to the batch's T.
 
         Runs in chunks of ``micro_batch_size`` under the caller's grad mode (the update passes
-        micro-batches of exactly that size, so each backward sees one chunk)."""
+        micro-batches of exactly that size, so each backward sees one chunk). Under torchrun
+        each rank scores its share of a chunk and the results are all-gathered."""
         rows = batch.select(index)
         fn = sequence_logprobs_and_entropy if need_entropy else sequence_logprobs
         lps, ents = [], []
         for s in range(0, len(rows), self.cfg.micro_batch_size):
+            chunk = torch.arange(s, min(s + self.cfg.micro_batch_size, len(rows)))
+            mine, _ = dd.rows_of_rank(len(chunk), self.ranks)
             out = fn(
                 self.policy,
-                rows.input_ids[s : s + self.cfg.micro_batch_size],
-                rows.attention_mask[s : s + self.cfg.micro_batch_size],
+                rows.input_ids[chunk[mine]],
+                rows.attention_mask[chunk[mine]],
                 **self.logprob_opts,
             )
             lp, ent = out if need_entropy else (out, None)
-            lps.append(lp)
-            ents.append(ent)
+            lps.append(dd.gather_rows(lp, len(chunk), self.ranks))
+            ents.append(dd.gather_rows(ent, len(chunk), self.ranks) if need_entropy else None)
         t = batch.input_ids.shape[1]
         lp = pad_to(torch.cat(lps), t)
         return lp, pad_to(torch.cat(ents), t) if need_entropy else None
@@ -275,8 +335,11 @@ class Trainer:
     def step(self) -> bool:
         found_inf = self.scaler.unscale_(self.optimizer)
         if not found_inf:
-            torch.nn.utils.clip_grad_norm_(
+            norm = torch.nn.utils.clip_grad_norm_(
                 trainable_parameters(self.policy), self.cfg.max_grad_norm
+            )
+            self._grad_norms.append(
+                float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
             )
         stepped = self.scaler.step(self.optimizer)
         self.scaler.update()
@@ -284,22 +347,43 @@ class Trainer:
         return stepped
 
     def evaluate(self, it: int) -> dict[str, Any]:
+        """Held-out evaluation of the weights after iteration ``it``'s update -- the weights a
+        checkpoint of ``it`` holds (and the next iteration's rollouts use). Rank 0 evaluates;
+        every rank gets the eval row."""
         cfg = self.cfg
-        adapter = self.run_dir / "adapters" / f"v{it:06d}"
-        result = evaluate_policy(
-            self.engine,
-            self.agent,
-            cfg.eval_env,
-            split=cfg.eval_split,
-            samples=cfg.eval_samples,
-            max_tasks=cfg.eval_tasks,
-            adapter=str(adapter),
-            temperature=cfg.temperature,
-            seed=cfg.seed,
+        weights = (
+            dd.full_trainable_state(self.policy, self.ranks) if self.ranks.distributed else None
         )
-        return {"kind": "eval", "iteration": it, "env": cfg.eval_env, **result.summary}
+
+        def run() -> dict[str, Any]:
+            adapter = save_adapter(
+                self.policy, self.run_dir / "adapters" / f"v{it + 1:06d}", weights
+            )
+            result = evaluate_policy(
+                self.engine,
+                self.agent,
+                cfg.eval_env,
+                split=cfg.eval_split,
+                samples=cfg.eval_samples,
+                max_tasks=cfg.eval_tasks,
+                adapter=str(adapter),
+                temperature=cfg.temperature,
+                seed=cfg.seed,
+                env_kwargs=cfg.eval_env_kwargs,
+            )
+            return {"kind": "eval", "iteration": it, "env": cfg.eval_env, **result.summary}
+
+        return dd.on_main(run, self.ranks)
 
     def checkpoint(self, it: int, best: bool = False) -> None:
+        gathered = {}
+        if self.ranks.distributed:  # collectives: every rank takes part, rank 0 writes
+            gathered = {
+                "weights": dd.full_trainable_state(self.policy, self.ranks),
+                "optimizer_state": dd.optimizer_state(self.policy, self.optimizer, self.ranks),
+            }
+        if not self.ranks.main:
+            return
         state = {
             "control": self.control.state_dict(),
             "metrics_rows": self.logger.rows,
@@ -317,11 +401,15 @@ class Trainer:
             state=state,
             base_model=self.cfg.model,
             best=best,
+            **gathered,
         )
 
     def close(self) -> None:
-        self.logger.close()
-        self.engine.close()
+        if self.logger is not None:
+            self.logger.close()
+        if self.engine is not None and self._owns_engine:
+            self.engine.close()
+        dd.barrier(self.ranks)
 
 
 def _success_rate(episodes: list[Episode]) -> float:
@@ -346,4 +434,6 @@ def train(cfg: TrainConfig) -> Path:
         trainer.fit()
     finally:
         trainer.close()
+        if trainer.ranks.distributed:
+            torch.distributed.destroy_process_group()
     return trainer.run_dir

@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from entrogym.agents.engines.base import (
     engine_dtype,
 )
 from entrogym.agents.engines.vllm_engine import adapter_key
-from entrogym.localserver import free_port, stop_process_group, wait_for_http
+from entrogym.localserver import OwnedPopen, free_port, stop_process_group, wait_for_http
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +80,9 @@ class LocalVLLMServer:
         cmd += ["--host", "127.0.0.1", "--port", str(self.port), *self.args]
         with open(self.log_path, "ab") as logf:
             # A session of its own, so stop() can end the server and its workers together.
-            self.proc = subprocess.Popen(
-                cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            # dies with this process, even after kill -9 (see entrogym.localserver)
+            self.proc = OwnedPopen(
+                cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, grace_s=30.0
             )
         outcome = wait_for_http(self.url + "/health", alive=self.alive, timeout=self.timeout)
         if outcome == "ready":
@@ -156,6 +158,7 @@ class VLLMServerEngine(Engine):
         adapter_pool = requests.adapters.HTTPAdapter(pool_maxsize=max_concurrency)
         self._session.mount("http://", adapter_pool)
         self._loaded: dict[str, tuple[tuple[str, int], str]] = {}  # url -> (adapter key, name)
+        self._client = uuid.uuid4().hex[:8]
         self._names: dict[tuple[str, int], str] = {}
         self._start()
 
@@ -242,7 +245,8 @@ class VLLMServerEngine(Engine):
         if adapter is None:
             return self.model
         key = adapter_key(adapter)
-        name = self._names.setdefault(key, f"entrogym-adapter-{len(self._names) + 1}")
+        # names are unique per client: several learners (or a resumed run) share servers
+        name = self._names.setdefault(key, f"entrogym-{self._client}-{len(self._names) + 1}")
         current = self._loaded.get(url)
         if current is not None and current[0] == key:
             return name

@@ -5,7 +5,9 @@ virtualenv (``.venv-appworld`` at the repository root, made by ``entrogym appwor
 and is reached over HTTP. ``appworld serve environment`` binds 0.0.0.0 and runs model-written
 code, so we start uvicorn on ``appworld.serve.environment:app`` ourselves: bound to
 127.0.0.1 only, in its own process group, with an address-space limit (RLIMIT_AS) so a
-runaway allocation ends in a MemoryError inside the server instead of taking the machine.
+runaway allocation ends in a MemoryError inside the server instead of taking the machine, and
+behind a watchdog that ends it when the process owning it dies, even by SIGKILL
+(:class:`entrogym.localserver.OwnedPopen`).
 AppWorld's server holds one world at a time, so each concurrent episode gets its own server.
 """
 
@@ -17,7 +19,13 @@ import resource
 import subprocess
 from pathlib import Path
 
-from entrogym.localserver import free_port, port_in_use, stop_process_group, wait_for_http
+from entrogym.localserver import (
+    OwnedPopen,
+    free_port,
+    port_in_use,
+    stop_process_group,
+    wait_for_http,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 SETUP_HINT = "create it with `entrogym appworld setup` (or `make appworld-setup`)"
@@ -114,16 +122,21 @@ class AppWorldServer:
             "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning",
         ]  # fmt: skip
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
-        self.process = subprocess.Popen(
-            cmd,
-            cwd=str(self.root),
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT if self.log_path else subprocess.DEVNULL,
-            preexec_fn=_limit_memory(self.memory_limit_mb * 2**20),
-            start_new_session=True,  # own process group: stop() also ends anything it spawned
-        )
+        try:
+            # A session of its own (stop() also ends anything it spawned), guarded by a watchdog
+            # that ends it when this process dies, even by SIGKILL (see entrogym.localserver).
+            self.process = OwnedPopen(
+                cmd,
+                cwd=str(self.root),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT if self.log_path else subprocess.DEVNULL,
+                preexec_fn=_limit_memory(self.memory_limit_mb * 2**20),
+            )
+        finally:
+            if not isinstance(log, int):
+                log.close()  # the server holds its own copy of the file
         self._wait_ready()
 
     def _wait_ready(self) -> None:

@@ -1,0 +1,31 @@
+"""Test envs for the trainer: importable by torchrun children as ``vowel_env:test/Vowel-v0``."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+
+from entrogym.envs.base import TextEnv, Turn
+
+
+class VowelEnv(TextEnv):
+    """Reward = share of vowels among the action's letters: graded, so groups differ."""
+
+    splits = ("train",)
+
+    def task_ids(self, split: str | None = None) -> list[str]:
+        self.resolve_split(split)
+        return [f"v{i}" for i in range(6)]
+
+    def _begin(self, task_id: str):
+        return f"Say something with many vowels ({task_id}).", {}
+
+    def _respond(self, action: str) -> Turn:
+        letters = [c for c in action.lower() if c.isalpha()]
+        reward = sum(c in "aeiou" for c in letters) / max(len(letters), 1)
+        return Turn(done=True, reward=reward, success=reward > 0.5)
+
+
+if "test/Vowel-v0" not in gym.registry:
+    gym.register("test/Vowel-v0", entry_point=VowelEnv)
+if "test/Const-v0" not in gym.registry:
+    gym.register("test/Const-v0", entry_point="entrogym.envs.arithmetic:ArithmeticEnv")
