@@ -81,7 +81,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     p.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
     p.add_argument("--algos", nargs="+", default=["grpo", "repo-r"], help="presets to compare")
-    p.add_argument("--iterations", type=int, default=6, help="RL iterations per preset")
+    p.add_argument("--iterations", type=int, default=5, help="RL iterations per preset")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate of the LoRA")
     p.add_argument("--eval-tasks", type=int, default=40, help="held-out tasks per evaluation")
     return p
