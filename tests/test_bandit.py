@@ -13,6 +13,7 @@ from gymnasium.utils.env_checker import check_env
 import entrogym  # noqa: F401
 from entrogym.algos.presets import ALGORITHMS
 from entrogym.demo import cli as demo_cli
+from entrogym.demo import report
 from entrogym.envs.bandit import BanditEnv, make_reward_means
 from entrogym.theory.lab import LabConfig, cli, run_lab, run_one
 from entrogym.theory.tabular import TabularSoftmaxPolicy, initial_logits
@@ -131,7 +132,25 @@ def test_grpo_ends_below_rloo_with_defaults() -> None:
     assert summary["rloo"]["entropy_final"] < summary["rloo"]["entropy_initial"]
 
 
-def test_demo_writes_into_out(tmp_path: Path, capsys) -> None:
-    assert demo_cli(["--algos", "rloo,dapo", *TINY, "--out", str(tmp_path)]) == 0
+def test_bandit_cli_writes_into_out(tmp_path: Path, capsys) -> None:
+    assert cli(["--algos", "rloo,dapo", *TINY, "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "rloo" in out and "dapo" in out and (tmp_path / "summary.json").exists()
+
+
+def test_llm_demo_refuses_a_used_folder_and_reports_plainly(tmp_path: Path, capsys) -> None:
+    """The SmolLM2 demo itself runs in ``make demo`` (minutes); here its guard and its verdict."""
+    (tmp_path / "old.txt").write_text("keep me")
+    assert demo_cli(["--out", str(tmp_path)]) == 2
+    assert "not empty" in capsys.readouterr().err and (tmp_path / "old.txt").exists()
+    summary = {
+        "accuracy_before": 0.3,
+        "wall_s": 10.0,
+        "grpo": {"entropy": [2.0, 0.4], "entropy_ratio": 0.2, "reward": [0.3, 0.9],
+                 "accuracy_after": 0.8},
+        "repo-r": {"entropy": [2.0, 0.3], "entropy_ratio": 0.15, "reward": [0.3, 0.8],
+                   "accuracy_after": 0.7},
+    }  # fmt: skip
+    assert "did NOT keep more of its entropy" in report(summary, ["grpo", "repo-r"])
+    summary["repo-r"]["entropy_ratio"] = 0.9
+    assert "REPO-R kept more of its entropy than GRPO" in report(summary, ["grpo", "repo-r"])
