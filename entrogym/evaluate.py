@@ -251,8 +251,8 @@ def human_summary(summary: dict[str, Any]) -> str:
 def not_evaluated_line(summary: dict[str, Any]) -> str:
     """One line saying how many AppWorld episodes ended before the env scored their world."""
     return (
-        f"note: {summary['not_evaluated']} of {summary['episodes']} episodes ended at "
-        "--max-context-tokens or on an error before AppWorld evaluated them; TGC/SGC count "
+        f"note: {summary['not_evaluated']} of {summary['episodes']} episodes ended on an error "
+        "before AppWorld evaluated them; TGC/SGC count "
         "them as not completed (AppWorld's own report, when it runs, scores their final world)"
     )
 
@@ -331,8 +331,8 @@ def run_eval(ns: Any, prepared: dict[str, Any]) -> dict[str, Any]:
     }
     if appworld:
         summary.update(appworld_metrics(result.episodes, tasks, ns.samples))
-        # the rollout ends an episode at --max-context-tokens without stepping the env, so its
-        # world is never scored by /evaluate and it counts as not completed in TGC/SGC
+        # an episode that ended on an error (a failed reset or step) was never scored by
+        # /evaluate and counts as not completed in TGC/SGC
         summary["not_evaluated"] = sum(e.info.get("num_tests") is None for e in result.episodes)
         if experiment is not None:
             summary["experiment_name"] = experiment

@@ -90,7 +90,7 @@ def barrier(ranks: Ranks) -> None:
         dist.barrier()
 
 
-def rows_of_rank(n: int, ranks: Ranks) -> tuple[torch.Tensor, int]:
+def rows_of_rank(n: int, ranks: Ranks) -> torch.Tensor:
     """The row indices (of ``n``) this rank scores, padded to the same count on every rank.
 
     All-gather needs equal shapes and every rank must run the same number of FSDP forwards, so
@@ -98,7 +98,7 @@ def rows_of_rank(n: int, ranks: Ranks) -> tuple[torch.Tensor, int]:
     """
     per_rank = -(-n // ranks.world)
     index = torch.arange(ranks.rank * per_rank, (ranks.rank + 1) * per_rank)
-    return index.clamp(max=n - 1), per_rank
+    return index.clamp(max=n - 1)
 
 
 def gather_rows(local: torch.Tensor, n: int, ranks: Ranks) -> torch.Tensor:
@@ -106,25 +106,17 @@ def gather_rows(local: torch.Tensor, n: int, ranks: Ranks) -> torch.Tensor:
     and keep the first ``n`` (the real rows, in their original order)."""
     if not ranks.distributed:
         return local
-    from torch.distributed.nn.functional import all_gather
+    from torch.distributed.nn.functional import all_gather  # the autograd-aware one
 
-    parts = all_gather(local.contiguous()) if local.requires_grad else _all_gather_plain(local)
-    return torch.cat(parts)[:n]
-
-
-def _all_gather_plain(local: torch.Tensor) -> list[torch.Tensor]:
-    parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, local.contiguous())
-    return parts
+    return torch.cat(all_gather(local.contiguous()))[:n]
 
 
-def full_trainable_state(model: torch.nn.Module, ranks: Ranks) -> dict[str, torch.Tensor]:
-    """The trainable (LoRA) parameters as whole CPU tensors, keyed like ``model.state_dict()``.
-
-    Under FSDP2 this is a collective (every rank must call it); rank 0 receives the tensors.
-    """
+def gathered_adapter(model: torch.nn.Module, ranks: Ranks) -> dict[str, torch.Tensor] | None:
+    """Under FSDP2, the trainable (LoRA) parameters as whole CPU tensors keyed like
+    ``model.state_dict()`` -- a collective: every rank calls it, rank 0 receives the tensors.
+    None in one process, where the model itself holds whole tensors."""
     if not ranks.distributed:
-        return {n: p.detach().cpu().clone() for n, p in model.named_parameters() if p.requires_grad}
+        return None
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)

@@ -120,7 +120,7 @@ def save_adapter(
     """Save the LoRA adapter in peft's format, atomically (temp folder, then rename).
 
     ``weights``: the adapter's whole tensors when the model is FSDP2-sharded (gathered by
-    ``entrogym.train.distributed.full_trainable_state``); otherwise read from the model."""
+    ``entrogym.train.distributed.gathered_adapter``); otherwise read from the model."""
     if not hasattr(model, "peft_config"):
         raise ValueError("save_adapter needs a peft model (load_policy with LoRA)")
     final = Path(path)

@@ -92,7 +92,8 @@ class Trainer:
         self.scaler = loss_scaler_for(resolve_dtype(cfg.dtype))
         self.control = EntropyControl(self.algo)
         self.start, self.cumulative_entropy, self.bad_steps, self.best = 0, 0.0, 0, -1.0
-        self._weights: dict[str, torch.Tensor] | None = None  # gathered adapter under torchrun
+        self.adapter: Path | None = None  # the current weights' adapter folder (engine input)
+        self._grad_norms: list[float] = []  # this iteration's pre-clip norms, filled by step()
         # Weights load into the whole model, before FSDP2 shards it; the optimizer must be
         # built on the sharded parameters, so its state is restored after.
         resume_from, resume_rows = self._restore_weights()
@@ -182,8 +183,10 @@ class Trainer:
 
     def fit(self) -> None:
         cfg = self.cfg
+        self.publish_adapter(self.start)
         for it in progress(range(self.start, cfg.iterations), desc="iterations", unit="iter"):
             row = self.iteration(it)
+            self.publish_adapter(it + 1)  # the updated weights: next rollouts, eval, checkpoint
             self._log(row, it)
             self._say(_summary_line(row))
             improved = False
@@ -208,11 +211,19 @@ class Trainer:
         if self.logger is not None and row is not None:
             self.logger.log(row, step=it)
 
+    def publish_adapter(self, version: int) -> None:
+        """Write the current weights as ``adapters/vNNNNNN`` (one folder per version: engines
+        reload a new path) for the rollouts, evaluation and servers that follow."""
+        weights = dd.gathered_adapter(self.policy, self.ranks)  # collective under torchrun
+        folder = self.run_dir / "adapters" / f"v{version:06d}"
+        if self.ranks.main:
+            save_adapter(self.policy, folder, weights)
+        self.adapter = folder
+
     def collect(self, it: int) -> tuple[Batch, dict[str, Any]] | str:
-        """Rank 0: rollouts with the current adapter (a new folder per version), as a batch
-        plus the rollout statistics of the metrics row; or the reason there is none."""
+        """Rank 0: rollouts with the current adapter, as a batch plus the rollout statistics
+        of the metrics row; or the reason there is none."""
         cfg = self.cfg
-        adapter = save_adapter(self.policy, self.run_dir / "adapters" / f"v{it:06d}", self._weights)
         tasks = random.Random(cfg.seed * 1_000_003 + it).sample(
             self.tasks, min(cfg.tasks_per_iter, len(self.tasks))
         )
@@ -224,7 +235,7 @@ class Trainer:
             self.agent,
             k=cfg.samples,
             sampling=SamplingParams(temperature=cfg.temperature),
-            adapter=str(adapter),
+            adapter=str(self.adapter),
             min_done_per_task=cfg.early_stop_min_per_task,
             min_done_fraction=cfg.early_stop_fraction,
             env_kwargs=cfg.env_kwargs,
@@ -244,15 +255,12 @@ class Trainer:
     def iteration(self, it: int) -> dict[str, Any]:
         cfg = self.cfg
         # 1. Rollouts (rank 0), broadcast to every rank of a torchrun learner.
-        self._weights = (
-            dd.full_trainable_state(self.policy, self.ranks) if self.ranks.distributed else None
-        )
         collected = dd.on_main(lambda: self.collect(it), self.ranks)
         if isinstance(collected, str):
             raise TrainingStopped(collected)
         batch, rollout_stats = collected
 
-        self._grad_norms: list[float] = []  # filled by step(), before clipping
+        self._grad_norms = []
         # 2. Old log-probs recomputed on the trainer in fp32 (never the engine's).
         t0 = time.perf_counter()
         with torch.no_grad():
@@ -318,7 +326,7 @@ class Trainer:
         lps, ents = [], []
         for s in range(0, len(rows), self.cfg.micro_batch_size):
             chunk = torch.arange(s, min(s + self.cfg.micro_batch_size, len(rows)))
-            mine, _ = dd.rows_of_rank(len(chunk), self.ranks)
+            mine = dd.rows_of_rank(len(chunk), self.ranks)
             out = fn(
                 self.policy,
                 rows.input_ids[chunk[mine]],
@@ -351,14 +359,8 @@ class Trainer:
         checkpoint of ``it`` holds (and the next iteration's rollouts use). Rank 0 evaluates;
         every rank gets the eval row."""
         cfg = self.cfg
-        weights = (
-            dd.full_trainable_state(self.policy, self.ranks) if self.ranks.distributed else None
-        )
 
         def run() -> dict[str, Any]:
-            adapter = save_adapter(
-                self.policy, self.run_dir / "adapters" / f"v{it + 1:06d}", weights
-            )
             result = evaluate_policy(
                 self.engine,
                 self.agent,
@@ -366,7 +368,7 @@ class Trainer:
                 split=cfg.eval_split,
                 samples=cfg.eval_samples,
                 max_tasks=cfg.eval_tasks,
-                adapter=str(adapter),
+                adapter=str(self.adapter),
                 temperature=cfg.temperature,
                 seed=cfg.seed,
                 env_kwargs=cfg.eval_env_kwargs,
@@ -379,7 +381,7 @@ class Trainer:
         gathered = {}
         if self.ranks.distributed:  # collectives: every rank takes part, rank 0 writes
             gathered = {
-                "weights": dd.full_trainable_state(self.policy, self.ranks),
+                "weights": dd.gathered_adapter(self.policy, self.ranks),
                 "optimizer_state": dd.optimizer_state(self.policy, self.optimizer, self.ranks),
             }
         if not self.ranks.main:
