@@ -45,6 +45,7 @@ demo: setup
 lint: setup
 	$(BIN)/ruff check entrogym tests examples benchmarks
 	$(BIN)/ruff format --check entrogym tests examples benchmarks
+	$(BIN)/lint-imports
 
 theory: setup
 	$(BIN)/entrogym theory --json
