@@ -11,7 +11,6 @@ import torch
 
 from entrogym.agents.episode import Episode
 from entrogym.algos.advantages import grpo, rloo, zero_advantage_groups
-from entrogym.algos.buffer import EpisodeBuffer, minibatch_indices
 from entrogym.algos.entropy import (
     EpsHighController,
     ZetaController,
@@ -24,6 +23,8 @@ from entrogym.algos.entropy import (
 )
 from entrogym.algos.losses import clipped_policy_loss, sequence_importance_ratio
 from entrogym.algos.presets import ALGORITHMS, get_algorithm
+from entrogym.algos.update_batch import minibatch_indices
+from entrogym.train.batch import collate_episodes
 
 # ---------------------------------------------------------------- advantages
 
@@ -378,13 +379,13 @@ def test_presets_have_the_papers_defaults():
     assert (ALGORITHMS["repo-d"].zeta_min, ALGORITHMS["repo-d"].zeta_max) == (1e-3, 10.0)
     adapo = ALGORITHMS["adapo"]
     assert (adapo.eps_high, adapo.eps_high_min, adapo.eps_high_max) == (0.28, 0.2, 0.32)
-    assert ALGORITHMS["grpo-entropy-bonus"].entropy_control == "entropy-bonus"
+    assert ALGORITHMS["grpo-entropy-bonus"].control == "entropy-bonus"
 
 
 def test_unknown_preset_and_field_names_are_clear_errors():
     with pytest.raises(ValueError, match="known presets: rloo, grpo"):
         get_algorithm("ppo")
-    with pytest.raises(ValueError, match="unknown algorithm fields"):
+    with pytest.raises(ValueError, match="'epoch' is not a knob of preset 'grpo'"):
         get_algorithm("grpo", epoch=3)
     assert get_algorithm("grpo", minibatch_size=256).minibatch_size == 256
 
@@ -406,9 +407,9 @@ def _episode(i: int, n: int, group: int) -> Episode:
 
 def test_episode_buffer_round_trips_ragged_episodes():
     episodes = [_episode(i, n, g) for i, (n, g) in enumerate([(3, 7), (9, 7), (1, 42), (5, 42)])]
-    batch = EpisodeBuffer(pad_token_id=0, episodes=episodes).to_batch()
+    batch = collate_episodes(episodes, pad_token_id=0)
     assert batch.input_ids.shape == (4, 9)
-    assert batch.group_ids.tolist() == [0, 0, 1, 1]
+    assert batch.group_ids.tolist() == [7, 7, 42, 42]
     assert batch.rewards.tolist() == [0.0, 1.0, 0.0, 1.0]
     for i, ep in enumerate(episodes):
         row = batch.row(i)
@@ -417,15 +418,15 @@ def test_episode_buffer_round_trips_ragged_episodes():
         assert row["sampler_logprobs"] == pytest.approx(ep.sampler_logprobs)
         assert batch.attention_mask[i].sum() == len(ep.token_ids)
         assert batch.input_ids[i, len(ep.token_ids) :].eq(0).all()
-    sub = batch.select(torch.tensor([0, 2]))
-    assert sub.input_ids.shape == (2, 3)
+    ids, attention = batch.tokens(torch.tensor([0, 2]))
+    assert ids.shape == attention.shape == (2, 3)
 
 
 def test_episode_and_buffer_reject_bad_input():
     with pytest.raises(ValueError, match="equal lengths"):
         Episode("t", 0, [1, 2], [1], [0.0, 0.0], 1.0)
     with pytest.raises(ValueError, match="empty"):
-        EpisodeBuffer().to_batch()
+        collate_episodes([])
 
 
 def test_minibatch_indices_cover_everything_once():

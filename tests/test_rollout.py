@@ -14,9 +14,9 @@ from entrogym.agents.engines import EngineDied, SamplingParams, make_engine
 from entrogym.agents.engines.hf import HFEngine
 from entrogym.agents.mismatch import episodes_mismatch, sampler_mismatch
 from entrogym.agents.rollout import Episode, collect_rollouts, early_stop_reached
-from entrogym.algos.buffer import EpisodeBuffer
 from entrogym.envs.base import TextEnv, Turn, make_text_env, task_ids_of
 from entrogym.models import resolve_model
+from entrogym.train.batch import collate_episodes
 from entrogym.train.policy import load_base_model
 
 MODEL = "tiny-random-llama"
@@ -134,7 +134,7 @@ def test_arithmetic_rollouts_feed_the_trainer(engine):
         assert e.num_action_tokens == 8 and e.truncated and e.reward == 0.0
         assert e.info["truncated_by"] == "turn" and e.info["timing"]["generate_s"] > 0
         assert e.env_id == "entrogym/Arithmetic-v0"
-    batch = EpisodeBuffer(0, eps).to_batch()
+    batch = collate_episodes(eps, 0)
     assert int(batch.action_mask.sum()) == 48
     model = load_base_model(MODEL, dtype="fp32")
     m = episodes_mismatch(model, eps, batch_size=4)

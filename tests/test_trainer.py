@@ -67,12 +67,12 @@ def test_every_preset_runs_two_iterations(algo, tmp_path):
     assert rows[0]["sampler_mismatch"] < 1e-3  # hf engine and trainer score the same fp32 model
     preset = ALGORITHMS[algo]
     assert rows[0]["optimizer_steps"] == preset.epochs  # 6 trajectories < any minibatch size
-    if preset.entropy_control in ("repo-r", "repo-d"):
+    if preset.control in ("repo-r", "repo-d"):
         # Iteration 0 sets the target; iteration 1 uses the start value.
         assert rows[0]["zeta"] == rows[1]["zeta"] == preset.zeta_init
-    if preset.entropy_control == "entropy-bonus":
+    if preset.control == "entropy-bonus":
         assert rows[1]["beta"] == preset.zeta_init
-    if preset.entropy_control == "adapo":
+    if preset.control == "adapo":
         assert rows[0]["eps_high"] == rows[1]["eps_high"] == 0.28
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "iter-000001"
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from entrogym.algos import UpdateBatch, get_algorithm, make_control, policy_update
 from entrogym.algos.entropy import repo_r
-from entrogym.algos.presets import get_algorithm
-from entrogym.algos.update import EntropyControl, policy_update
 
 
 def _tabular(n_arms=4, k=6, seed=0):
@@ -34,16 +33,15 @@ def _score_fn(logits, actions):
 def _update(cfg, control, logits, actions, rewards, groups, *, score=None, **kw):
     """policy_update on the tabular policy, with its sampled log-probs as old log-probs."""
     old = torch.log_softmax(logits.detach(), -1)[actions][:, None]
-    return policy_update(
-        cfg,
-        control,
+    batch = UpdateBatch.build(
+        cfg.advantage,
         rewards=rewards,
         group_ids=groups,
-        old_logprobs=old,
         mask=torch.ones_like(old),
-        score=score or _score_fn(logits, actions),
-        **kw,
+        old_logprobs=old,
     )
+    kw.setdefault("zero_grad", lambda: setattr(logits, "grad", None))
+    return policy_update(control, batch, score=score or _score_fn(logits, actions), **kw)
 
 
 def test_rloo_update_is_one_plain_policy_gradient_step():
@@ -54,12 +52,11 @@ def test_rloo_update_is_one_plain_policy_gradient_step():
 
     def step():
         opt.step()
-        opt.zero_grad()
         return True
 
     m = _update(
         cfg,
-        EntropyControl(cfg),
+        make_control(cfg),
         logits,
         actions,
         rewards,
@@ -82,7 +79,7 @@ def test_rloo_update_is_one_plain_policy_gradient_step():
 def test_repo_r_uses_latest_logprobs_and_controller_moves_after_target():
     logits, actions, rewards, groups = _tabular(seed=1)
     cfg = get_algorithm("repo-r", minibatch_size=4)
-    control = EntropyControl(cfg)
+    control = make_control(cfg)
     old = torch.log_softmax(logits.detach(), -1)[actions][:, None]
     seen = []
 
@@ -107,9 +104,7 @@ def test_repo_r_uses_latest_logprobs_and_controller_moves_after_target():
     # shaping really is REPO-R on the score's log-probs
     adv = torch.tensor([1.0, -1.0], dtype=torch.float64)
     lp = torch.tensor([[-2.0], [-2.0]], dtype=torch.float64)
-    from entrogym.algos.update import shape_advantages
-
-    torch.testing.assert_close(shape_advantages(control, adv, lp), repo_r(adv, lp, 2e-3))
+    torch.testing.assert_close(control.shape_advantages(adv, lp), repo_r(adv, lp, 2e-3))
 
 
 def test_entropy_bonus_needs_entropies_and_nan_loss_is_skipped():
@@ -122,7 +117,7 @@ def test_entropy_bonus_needs_entropies_and_nan_loss_is_skipped():
     with pytest.raises(ValueError, match="entropies"):
         _update(
             cfg,
-            EntropyControl(cfg),
+            make_control(cfg),
             logits,
             actions,
             rewards,
@@ -133,7 +128,7 @@ def test_entropy_bonus_needs_entropies_and_nan_loss_is_skipped():
         )
     m = _update(
         cfg,
-        EntropyControl(cfg),
+        make_control(cfg),
         logits,
         actions,
         rewards,
@@ -167,17 +162,16 @@ def test_micro_batches_accumulate_to_the_whole_minibatch_gradient(aggregation):
 
     grads = []
     for micro in (None, 3):
-        table.grad = None
+        batch = UpdateBatch.build(
+            cfg.advantage, rewards=rewards, group_ids=groups, mask=mask, old_logprobs=old
+        )
         policy_update(
-            cfg,
-            EntropyControl(cfg),
-            rewards=rewards,
-            group_ids=groups,
-            old_logprobs=old,
-            mask=mask,
+            make_control(cfg),
+            batch,
             score=score,
             backward=torch.Tensor.backward,
             step=lambda: grads.append(table.grad.clone()) or True,
+            zero_grad=lambda: setattr(table, "grad", None),
             micro_batch_size=micro,
             generator=torch.Generator().manual_seed(0),
         )
@@ -194,7 +188,7 @@ def test_non_finite_model_scores_skip_the_step_instead_of_raising():
 
     m = _update(
         cfg,
-        EntropyControl(cfg),
+        make_control(cfg),
         logits,
         actions,
         rewards,

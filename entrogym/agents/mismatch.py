@@ -63,12 +63,12 @@ def score_episodes(
 
     Returns ``(trainer_logprobs, sampler_logprobs, action_mask)``, each ``[B, T]``.
     """
-    from entrogym.algos.buffer import EpisodeBuffer
+    from entrogym.train.batch import collate_episodes
     from entrogym.train.logprobs import sequence_logprobs
 
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    batch = EpisodeBuffer(pad_token_id, episodes).to_batch()
+    batch = collate_episodes(episodes, pad_token_id)
     device = next(model.parameters()).device
     out = torch.zeros_like(batch.sampler_logprobs)
     with torch.no_grad():

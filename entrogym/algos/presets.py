@@ -1,15 +1,29 @@
 """The named algorithms with the paper's defaults (paper-notes "Algorithms"; Sec. 2, 5, 6).
 
 A preset is data: which advantage estimator, how many epochs and minibatches, where to clip,
-and which entropy control. The trainer and the bandit lab read these fields and call the
-functions in ``advantages``, ``losses`` and ``entropy``; nothing here computes anything.
+and which registered entropy control (``entrogym.algos.controls``). The trainer and the bandit
+lab hand it to ``policy_update``; nothing here computes anything.
+
+A preset's knobs (what ``get_algorithm(name, **knobs)`` may change) are the common fields plus
+the knobs of its control: ``zeta_max`` is a knob of ``repo-r``, not of ``grpo``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
-ENTROPY_CONTROLS = (None, "repo-r", "repo-d", "adapo", "entropy-bonus")
+from entrogym.algos.controls import control_class
+
+# The knobs every preset has; a control adds its own (``EntropyControl.knobs``).
+COMMON_KNOBS = (
+    "advantage",
+    "epochs",
+    "minibatch_size",
+    "eps_low",
+    "eps_high",
+    "ratio_level",
+    "aggregation",
+)
 
 
 @dataclass(frozen=True)
@@ -25,9 +39,12 @@ class AlgorithmConfig:
         eps_low, eps_high: clip range [1 - eps_low, 1 + eps_high]; ``None`` = no clip on that side.
         ratio_level: ``"token"`` (PPO-style) or ``"sequence"`` (GSPO's geometric mean ratio).
         aggregation: ``"sequence-mean"`` (the paper's 1/|tau| form) or ``"token-mean"`` (DAPO's).
-        entropy_control: ``None``, ``"repo-r"``, ``"repo-d"``, ``"adapo"`` or ``"entropy-bonus"``.
-        zeta_init, zeta_min, zeta_max: the ZetaController for REPO's zeta / the bonus's beta.
-        eps_high_min, eps_high_max, eps_high_up, eps_high_down: ADAPO's EpsHighController.
+        control: a registered entropy control: ``"none"``, ``"repo-r"``, ``"repo-d"``,
+            ``"adapo"``, ``"entropy-bonus"`` or one added with ``register_control``.
+        zeta_init, zeta_min, zeta_max: the ZetaController for REPO's zeta / the bonus's beta
+            (knobs of ``repo-r``, ``repo-d`` and ``entropy-bonus``).
+        eps_high_min, eps_high_max, eps_high_up, eps_high_down: ADAPO's EpsHighController
+            (knobs of ``adapo``).
     """
 
     name: str
@@ -38,7 +55,7 @@ class AlgorithmConfig:
     eps_high: float | None = 0.2
     ratio_level: str = "token"
     aggregation: str = "sequence-mean"
-    entropy_control: str | None = None
+    control: str = "none"
     zeta_init: float = 1e-3
     zeta_min: float = 1e-4
     zeta_max: float = 0.05
@@ -60,18 +77,24 @@ class AlgorithmConfig:
             raise ValueError(
                 f"aggregation must be 'sequence-mean' or 'token-mean', got {self.aggregation!r}"
             )
-        if self.entropy_control not in ENTROPY_CONTROLS:
-            raise ValueError(
-                f"entropy_control must be one of {ENTROPY_CONTROLS}, got {self.entropy_control!r}"
-            )
+        # Building the control checks its knobs' values (e.g. zeta_min <= zeta_max).
+        control_class(self.control)(self)
+
+    @property
+    def knobs(self) -> tuple[str, ...]:
+        """The fields a user may change: the common ones plus its control's."""
+        return COMMON_KNOBS + control_class(self.control).knobs
 
     def with_overrides(self, **changes: object) -> AlgorithmConfig:
-        """A copy with some fields changed (unknown field names raise ``ValueError``)."""
-        unknown = set(changes) - set(self.__dataclass_fields__)
-        if unknown:
-            raise ValueError(
-                f"unknown algorithm fields {sorted(unknown)}; known: {sorted(self.__dataclass_fields__)}"
-            )
+        """A copy with some knobs changed; a name that is not one of ``knobs`` raises."""
+        names = {f.name for f in fields(self)}
+        for key in changes:
+            if key not in self.knobs:
+                what = "does not apply to" if key in names else "is not a knob of"
+                raise ValueError(
+                    f"algo: {key!r} {what} preset {self.name!r} (control {self.control!r}); "
+                    f"its knobs: {', '.join(self.knobs)}"
+                )
         return replace(self, **changes)
 
 
@@ -87,29 +110,38 @@ ALGORITHMS: dict[str, AlgorithmConfig] = {
         "gspo", advantage="rloo", eps_low=3e-4, eps_high=4e-4, ratio_level="sequence"
     ),
     "repo-r": AlgorithmConfig(
-        "repo-r", advantage="grpo", entropy_control="repo-r", zeta_min=1e-4, zeta_max=0.05
+        "repo-r", advantage="grpo", control="repo-r", zeta_min=1e-4, zeta_max=0.05
     ),
     "repo-d": AlgorithmConfig(
-        "repo-d", advantage="grpo", entropy_control="repo-d", zeta_min=1e-3, zeta_max=10.0
+        "repo-d", advantage="grpo", control="repo-d", zeta_min=1e-3, zeta_max=10.0
     ),
     "adapo": AlgorithmConfig(
-        "adapo", advantage="rloo", eps_low=0.2, eps_high=0.28, entropy_control="adapo"
+        "adapo", advantage="rloo", eps_low=0.2, eps_high=0.28, control="adapo"
     ),
     # beta plays REPO-D's zeta (the appendix shows REPO-D == an entropy bonus with that
     # coefficient), so it takes REPO-D's controller range.
     "grpo-entropy-bonus": AlgorithmConfig(
         "grpo-entropy-bonus",
         advantage="grpo",
-        entropy_control="entropy-bonus",
+        control="entropy-bonus",
         zeta_min=1e-3,
         zeta_max=10.0,
     ),
 }
 
 
-def get_algorithm(name: str, **overrides: object) -> AlgorithmConfig:
-    """The preset called ``name``, optionally with fields overridden."""
+def _preset(name: str) -> AlgorithmConfig:
     if name not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {name!r}; known presets: {', '.join(ALGORITHMS)}")
-    preset = ALGORITHMS[name]
+    return ALGORITHMS[name]
+
+
+def get_algorithm(name: str, **overrides: object) -> AlgorithmConfig:
+    """The preset called ``name``, optionally with some of its knobs changed."""
+    preset = _preset(name)
     return preset.with_overrides(**overrides) if overrides else preset
+
+
+def preset_knobs(name: str) -> tuple[str, ...]:
+    """The knobs of preset ``name``: the common ones plus its control's own."""
+    return _preset(name).knobs

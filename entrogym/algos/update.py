@@ -1,216 +1,217 @@
 """One iteration's policy update, composed from the named formula functions.
 
 The same code drives the LLM trainer and the bandit lab, so what the lab shows about a preset
-is what the trainer does with it. The caller supplies how to score a minibatch (an LLM forward
-pass, or a lookup in a logit table), how to back-propagate (fp16 loss scaling) and how to
-take an optimizer step (grad clipping); everything algorithmic happens here, in this order:
+is what the trainer does with it. The caller supplies how to score rows (an LLM forward pass, or
+a lookup in a logit table), how to back-propagate (fp16 loss scaling), how to take an optimizer
+step (unscale, clip, step) and how to clear gradients; everything algorithmic happens here:
 
-    advantages (rloo | grpo)  ->  per minibatch: entropy control (repo-r | repo-d with the latest
-    policy's detached log-probs; adapo's eps_high; the bonus's beta)  ->  clipped_policy_loss
-    (+ entropy bonus)  ->  step.  Repeated for the preset's epochs.
+    for each epoch, for each minibatch:
+        zero_grad()
+        for each micro-batch: score -> control.shape_advantages -> clipped_policy_loss
+                              (+ control.extra_loss) -> backward(weighted loss)
+        step()                      (skipped when any part was non-finite)
 
-Controllers move once per iteration, after the update, from the entropy of the experience the
-iteration was trained on; the target is the entropy of the first iteration (paper Sec. 5).
+The advantages are computed once, in ``UpdateBatch.build``. The control moves once per
+iteration, after the update, from the entropy of the experience the iteration was trained on;
+its target is the entropy of the first iteration (paper Sec. 5).
+
+Old log-probs: when ``batch.old_logprobs`` is ``None`` the update scores them itself. The rows of
+the first minibatch of the first epoch are still on-policy when they are scored for the loss,
+so their detached scores are their old log-probs (no separate pass); the other rows are scored
+without gradients before the first optimizer step. With a deterministic scorer this equals
+scoring every row first.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
-from entrogym.algos.advantages import compute_advantages, zero_advantage_groups
-from entrogym.algos.buffer import minibatch_indices
-from entrogym.algos.entropy import (
-    EpsHighController,
-    ZetaController,
-    entropy_bonus_loss,
-    repo_d,
-    repo_r,
-    sampled_entropy,
-)
+from entrogym.algos.advantages import zero_advantage_groups
+from entrogym.algos.controls import EntropyControl
+from entrogym.algos.entropy import sampled_entropy
 from entrogym.algos.losses import clipped_policy_loss
-from entrogym.algos.presets import AlgorithmConfig
+from entrogym.algos.update_batch import (
+    Rows,
+    UpdateBatch,
+    micro_batches,
+    micro_weight,
+    minibatch_indices,
+)
 
-# score(index) -> (logprobs [b, T] of the sampled tokens under the current policy,
-#                  exact per-token entropies [b, T] or None when the preset does not need them)
+# score(index, need_entropy) -> (log-probs [b, w] of rows ``index``'s sampled tokens under the
+# current policy, w = batch.width(index); exact per-token entropies [b, w] or None when not
+# needed). Called with gradients for the loss and under torch.no_grad() for old log-probs.
 ScoreFn = Callable[[torch.Tensor, bool], tuple[torch.Tensor, torch.Tensor | None]]
 # backward(loss): back-propagate one micro-batch's (weighted) loss, accumulating gradients
 BackwardFn = Callable[[torch.Tensor], None]
-# step() -> True if the optimizer stepped (False e.g. when fp16 scaling found inf grads);
-# it also clears the accumulated gradients
+# step() -> True if the optimizer stepped (False e.g. when fp16 scaling found inf grads)
 StepFn = Callable[[], bool]
+# zero_grad(): clear the accumulated gradients (the update calls it before every minibatch)
+ZeroGradFn = Callable[[], None]
+
+# Reported by every update (None where the control has no such coefficient).
+CONTROL_METRICS = ("zeta", "beta", "eps_high")
 
 
-@dataclass
-class EntropyControl:
-    """The state of a preset's entropy control across iterations (checkpointed with the run)."""
+class _Tally:
+    """Micro-batch metrics averaged over the update, and the optimizer steps counted."""
 
-    config: AlgorithmConfig
-    target: float | None = None
-    zeta: ZetaController | None = None
-    eps_high: EpsHighController | None = None
-    history: list[float] = field(default_factory=list)
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.ratio_maxes: list[float] = []
+        self.chunks = self.steps = self.skipped = 0
 
-    def __post_init__(self) -> None:
-        kind = self.config.entropy_control
-        if kind in ("repo-r", "repo-d", "entropy-bonus") and self.zeta is None:
-            self.zeta = ZetaController(
-                self.config.zeta_min, self.config.zeta_max, self.config.zeta_init
-            )
-        if kind == "adapo" and self.eps_high is None:
-            c = self.config
-            self.eps_high = EpsHighController(
-                c.eps_high, c.eps_high_min, c.eps_high_max, c.eps_high_up, c.eps_high_down
-            )
+    def add(self, metrics: dict[str, float], loss: torch.Tensor) -> None:
+        metrics = {**metrics, "loss": float(loss.detach())}
+        self.ratio_maxes.append(metrics.pop("ratio_max"))
+        for key, value in metrics.items():
+            self.sums[key] = self.sums.get(key, 0.0) + value
+        self.chunks += 1
 
-    @property
-    def coefficient(self) -> float | None:
-        """Current zeta (REPO) or beta (entropy bonus); None for presets without one."""
-        return None if self.zeta is None else self.zeta.zeta
+    def count_step(self, stepped: bool) -> None:
+        self.steps += int(stepped)
+        self.skipped += int(not stepped)
 
-    @property
-    def clip_high(self) -> float | None:
-        return self.eps_high.eps_high if self.eps_high is not None else self.config.eps_high
-
-    def observe(self, entropy: float) -> None:
-        """Feed one iteration's entropy: the first sets the target, later ones move controllers."""
-        self.history.append(entropy)
-        if self.target is None:
-            self.target = entropy
-            return
-        if self.zeta is not None:
-            self.zeta.update(entropy, self.target)
-        if self.eps_high is not None:
-            self.eps_high.update(entropy, self.target)
-
-    def state_dict(self) -> dict:
-        return {
-            "target": self.target,
-            "history": list(self.history),
-            "zeta": None if self.zeta is None else self.zeta.state_dict(),
-            "eps_high": None if self.eps_high is None else self.eps_high.state_dict(),
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        self.target, self.history = state["target"], list(state["history"])
-        if self.zeta is not None and state["zeta"] is not None:
-            self.zeta.load_state_dict(state["zeta"])
-        if self.eps_high is not None and state["eps_high"] is not None:
-            self.eps_high.load_state_dict(state["eps_high"])
+    def summary(self) -> dict[str, float]:
+        out = {key: value / max(self.chunks, 1) for key, value in self.sums.items()}
+        out["ratio_max"] = max(self.ratio_maxes, default=float("nan"))
+        return out
 
 
-def shape_advantages(
-    control: EntropyControl, advantages: torch.Tensor, logprobs: torch.Tensor
-) -> torch.Tensor:
-    """Apply REPO-R / REPO-D to the advantages with the latest policy's detached log-probs."""
-    kind, zeta = control.config.entropy_control, control.coefficient
-    if kind == "repo-r":
-        return repo_r(advantages, logprobs.detach(), zeta)
-    if kind == "repo-d":
-        return repo_d(advantages, logprobs.detach(), zeta)
-    return advantages
+def micro_batch_loss(
+    control: EntropyControl,
+    rows: Rows,
+    logprobs: torch.Tensor,
+    entropies: torch.Tensor | None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The control's advantages -> ``clipped_policy_loss`` (+ the control's extra term)."""
+    config = control.config
+    advantages = control.shape_advantages(rows.advantages, logprobs)
+    loss, metrics = clipped_policy_loss(
+        logprobs,
+        rows.old_logprobs,
+        advantages,
+        rows.mask,
+        eps_low=control.lower_clip,
+        eps_high=control.upper_clip,
+        level=config.ratio_level,
+        aggregation=config.aggregation,
+    )
+    extra = control.extra_loss(logprobs, entropies, rows.mask)
+    return (loss if extra is None else loss + extra), metrics
 
 
-def micro_batches(index: torch.Tensor, size: int | None) -> list[torch.Tensor]:
-    """Split one minibatch into chunks that fit in memory; their gradients are accumulated."""
-    if size is not None and size < 1:
-        raise ValueError(f"micro_batch_size must be >= 1 or None, got {size}")
-    return [index] if size is None else list(index.split(size))
+def score_old_logprobs(
+    batch: UpdateBatch, rows: torch.Tensor, score: ScoreFn, micro_batch_size: int | None
+) -> None:
+    """Store the current policy's log-probs of ``rows`` as old log-probs (no gradients)."""
+    if rows.numel() == 0:
+        return
+    with torch.no_grad():
+        for index in micro_batches(rows, micro_batch_size):
+            batch.store_old_logprobs(index, score(index, False)[0])
 
 
-def micro_weight(aggregation: str, chunk_mask: torch.Tensor, minibatch_mask: torch.Tensor) -> float:
-    """The chunk's share of the minibatch loss, so accumulated gradients equal the whole one's.
+def accumulate_minibatch(
+    control: EntropyControl,
+    batch: UpdateBatch,
+    minibatch: torch.Tensor,
+    *,
+    score: ScoreFn,
+    backward: BackwardFn,
+    micro_batch_size: int | None,
+    tally: _Tally,
+    reuse_scores: bool = False,
+) -> bool:
+    """Back-propagate one minibatch micro-batch by micro-batch (gradient accumulation).
 
-    ``sequence-mean`` averages over trajectories (share = trajectories in the chunk), while
-    ``token-mean`` averages over action tokens (share = action tokens in the chunk).
+    Returns False when a score or loss was non-finite (a diverged model): the caller skips the
+    step, counted rather than raised (the formula functions reject such input from callers).
+    ``reuse_scores``: the rows are on-policy, so their detached scores become old log-probs.
     """
-    if aggregation == "token-mean":
-        return float(chunk_mask.sum() / minibatch_mask.sum())
-    return chunk_mask.shape[0] / minibatch_mask.shape[0]
+    finite = True
+    minibatch_mask = batch.mask[minibatch]
+    for index in micro_batches(minibatch, micro_batch_size):
+        if not finite:  # the step is skipped: only old log-probs may still be needed
+            if reuse_scores:
+                score_old_logprobs(batch, index, score, None)
+            continue
+        logprobs, entropies = score(index, control.needs_entropy)
+        if reuse_scores:
+            batch.store_old_logprobs(index, logprobs)
+        if not torch.isfinite(logprobs.detach()).all():
+            finite = False
+            continue
+        rows = batch.rows(index)
+        loss, metrics = micro_batch_loss(control, rows, logprobs, entropies)
+        finite = bool(torch.isfinite(loss))
+        if finite:
+            backward(loss * micro_weight(control.config.aggregation, rows.mask, minibatch_mask))
+        tally.add(metrics, loss)
+    return finite
+
+
+def _other_rows(index: torch.Tensor, n: int) -> torch.Tensor:
+    keep = torch.ones(n, dtype=torch.bool)
+    keep[index] = False
+    return keep.nonzero().flatten()
 
 
 def policy_update(
-    config: AlgorithmConfig,
     control: EntropyControl,
+    batch: UpdateBatch,
     *,
-    rewards: torch.Tensor,
-    group_ids: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    mask: torch.Tensor,
     score: ScoreFn,
     backward: BackwardFn,
     step: StepFn,
+    zero_grad: ZeroGradFn,
     micro_batch_size: int | None = None,
     generator: torch.Generator | None = None,
-) -> dict[str, float]:
-    """Run the preset's epochs x minibatches on one iteration's experience; return metrics.
+) -> dict[str, float | None]:
+    """Run ``control.config``'s epochs x minibatches on one iteration's experience.
 
-    ``old_logprobs`` must be the trainer's recomputed fp32 log-probs of the sampled tokens under
-    the policy that generated them (never the engine's). The entropy fed to the controllers is
+    Every minibatch starts from zero gradients and a skipped one leaves none behind. Old
+    log-probs must be the trainer's fp32 scores of the sampled tokens under the policy that
+    generated them (never the engine's); ``None`` lets the update score them (module doc) and
+    leaves them in ``batch.old_logprobs``. The entropy fed to the control is
     ``sampled_entropy(old_logprobs, mask)``: the entropy of the policy the data came from.
-    Each minibatch is scored in chunks of ``micro_batch_size`` trajectories whose weighted
-    losses are back-propagated one by one (gradient accumulation), then ``step()`` is called.
+    Returns the iteration's metrics.
     """
-    advantages = compute_advantages(config.advantage, rewards, group_ids)
-    entropy = sampled_entropy(old_logprobs, mask)
-    sums: dict[str, float] = {}
-    ratio_maxes: list[float] = []
-    n_chunks = n_steps = n_skipped = 0
-    needs_entropy = config.entropy_control == "entropy-bonus"
+    config = control.config
+    reuse = batch.old_logprobs is None
+    entropy = None if reuse else sampled_entropy(batch.old_logprobs, batch.mask)
+    tally = _Tally()
     for _ in range(config.epochs):
-        for minibatch in minibatch_indices(len(rewards), config.minibatch_size, generator):
-            finite = True
-            for index in micro_batches(minibatch, micro_batch_size):
-                logprobs, token_entropies = score(index, needs_entropy)
-                if not finite or not torch.isfinite(logprobs.detach()).all():
-                    # A diverged model scores NaN/inf: the step is skipped and counted below,
-                    # not raised (the formula functions reject such input from callers).
-                    finite = False
-                    continue
-                adv = shape_advantages(control, advantages[index], logprobs)
-                loss, metrics = clipped_policy_loss(
-                    logprobs,
-                    old_logprobs[index],
-                    adv,
-                    mask[index],
-                    eps_low=config.eps_low,
-                    eps_high=control.clip_high,
-                    level=config.ratio_level,
-                    aggregation=config.aggregation,
-                )
-                if needs_entropy:
-                    if token_entropies is None:
-                        raise ValueError(
-                            "the entropy-bonus preset needs score() to return entropies"
-                        )
-                    loss = loss + entropy_bonus_loss(
-                        token_entropies, mask[index], control.coefficient
-                    )
-                finite = finite and bool(torch.isfinite(loss))
-                if finite:
-                    backward(loss * micro_weight(config.aggregation, mask[index], mask[minibatch]))
-                metrics["loss"] = float(loss.detach())
-                ratio_maxes.append(metrics.pop("ratio_max"))
-                for key, value in metrics.items():
-                    sums[key] = sums.get(key, 0.0) + value
-                n_chunks += 1
-            # A non-finite loss poisons the accumulated gradient: skip the whole step.
-            stepped = step() if finite else False
-            n_steps += int(stepped)
-            n_skipped += int(not stepped)
-    out = {key: value / max(n_chunks, 1) for key, value in sums.items()}
-    out.update(
-        ratio_max=max(ratio_maxes, default=float("nan")),
-        entropy=entropy,
-        reward_mean=float(rewards.float().mean()),
-        zero_adv_groups=zero_advantage_groups(advantages, group_ids),
-        optimizer_steps=n_steps,
-        skipped_steps=n_skipped,
-        zeta=control.coefficient if config.entropy_control != "entropy-bonus" else None,
-        beta=control.coefficient if config.entropy_control == "entropy-bonus" else None,
-        eps_high=control.clip_high,
-    )
+        for minibatch in minibatch_indices(len(batch), config.minibatch_size, generator):
+            zero_grad()
+            finite = accumulate_minibatch(
+                control,
+                batch,
+                minibatch,
+                score=score,
+                backward=backward,
+                micro_batch_size=micro_batch_size,
+                tally=tally,
+                reuse_scores=reuse,
+            )
+            if reuse:  # every old log-prob is known before the first step
+                rest = _other_rows(minibatch, len(batch))
+                score_old_logprobs(batch, rest, score, micro_batch_size)
+                entropy = sampled_entropy(batch.old_logprobs, batch.mask)
+                reuse = False
+            tally.count_step(step() if finite else False)
+    zero_grad()  # drops what a skipped last minibatch accumulated
+    out: dict[str, float | None] = {
+        **tally.summary(),
+        "entropy": entropy,
+        "reward_mean": float(batch.rewards.float().mean()),
+        "zero_adv_groups": zero_advantage_groups(batch.advantages, batch.group_ids),
+        "optimizer_steps": tally.steps,
+        "skipped_steps": tally.skipped,
+        **dict.fromkeys(CONTROL_METRICS),
+        **control.metrics(),
+    }
     control.observe(entropy)
     return out

@@ -1,7 +1,7 @@
 """The bandit theory lab: train a tabular softmax policy on ``entrogym/Bandit-v0`` with every preset.
 
 Each iteration samples K arms per state (one group per state), scores them with the env, and
-hands the batch to :func:`entrogym.algos.update.policy_update`, the same update the LLM trainer
+hands the batch to :func:`entrogym.algos.policy_update`, the same update the LLM trainer
 runs: advantages, REPO / ADAPO / bonus control, the preset's epochs x minibatches of
 ``clipped_policy_loss``, an optimizer step. A trajectory is one action (T = 1, mask of ones).
 
@@ -27,9 +27,15 @@ import torch
 from jsonargparse import ActionConfigFile, ActionYesNo, ArgumentParser
 
 import entrogym  # noqa: F401  (registers entrogym/Bandit-v0)
-from entrogym.algos.entropy import token_entropy_from_logits
-from entrogym.algos.presets import ALGORITHMS, get_algorithm
-from entrogym.algos.update import EntropyControl, policy_update
+from entrogym.algos import (
+    ALGORITHMS,
+    AlgorithmConfig,
+    UpdateBatch,
+    get_algorithm,
+    make_control,
+    policy_update,
+    token_entropy_from_logits,
+)
 from entrogym.theory.tabular import INITS, TabularSoftmaxPolicy, initial_logits
 
 OPTIMIZERS = ("sgd", "adam")
@@ -99,13 +105,8 @@ def _scorer(policy: TabularSoftmaxPolicy, states: torch.Tensor, actions: torch.T
     return score
 
 
-def run_one(algo: str, seed: int, lab: LabConfig) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """Train one preset with one seed; return (initial exact entropy and reward, metric rows).
-
-    The seed fixes the bandit's arm means, the initial logits and all sampling, so every preset
-    sees the same problems for the same seed.
-    """
-    config = get_algorithm(algo)
+def _problem(lab: LabConfig, seed: int) -> tuple[Any, TabularSoftmaxPolicy]:
+    """The seed's bandit (arm means) and the policy's initial logits."""
     env = gym.make(
         "entrogym/Bandit-v0",
         n_arms=lab.n_arms,
@@ -118,55 +119,80 @@ def run_one(algo: str, seed: int, lab: LabConfig) -> tuple[dict[str, float], lis
     policy = TabularSoftmaxPolicy(
         initial_logits(env.reward_means, lab.init, lab.calibration, lab.init_noise, rng)
     )
-    optimizer = _optimizer(lab, policy)
-    generator = torch.Generator().manual_seed(seed)
-    control = EntropyControl(config)
-    means = torch.as_tensor(env.reward_means)
-    states = torch.arange(lab.n_states).repeat_interleave(lab.samples_per_state)
-    mask = torch.ones(len(states), 1)
-    initial = {
-        "entropy": float(policy.state_entropies().mean()),
-        "reward": float(policy.expected_rewards(means).mean()),
-    }
+    return env, policy
+
+
+def _stepper(lab: LabConfig, policy: TabularSoftmaxPolicy, optimizer: torch.optim.Optimizer):
+    """``step()`` for ``policy_update``: clip (when asked) and step."""
 
     def step() -> bool:
         if lab.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(policy.parameters(), lab.max_grad_norm)
         optimizer.step()
-        optimizer.zero_grad()
         return True
 
+    return step
+
+
+def _row(policy: TabularSoftmaxPolicy, means: torch.Tensor, m: dict[str, Any]) -> dict[str, Any]:
+    """The logged metrics of one iteration (exact values after the update, sampled ones of
+    the experience, the update's diagnostics and the control's coefficients)."""
+    return {
+        "entropy": float(policy.state_entropies().mean()),
+        "entropy_sampled": m["entropy"],
+        "reward": float(policy.expected_rewards(means).mean()),
+        "reward_sampled": m["reward_mean"],
+        **{k: m.get(k) for k in LOGGED_METRICS},
+        "zeta": m["zeta"],
+        "beta": m["beta"],
+        "eps_high": m["eps_high"],
+    }
+
+
+def run_one(
+    algo: str | AlgorithmConfig, seed: int, lab: LabConfig
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """Train one preset (a name, or an ``AlgorithmConfig`` e.g. with a custom control) with one
+    seed; return (initial exact entropy and reward, metric rows).
+
+    The seed fixes the bandit's arm means, the initial logits and all sampling, so every preset
+    sees the same problems for the same seed.
+    """
+    config = get_algorithm(algo) if isinstance(algo, str) else algo
+    env, policy = _problem(lab, seed)
+    optimizer = _optimizer(lab, policy)
+    generator = torch.Generator().manual_seed(seed)
+    control = make_control(config)
+    means = torch.as_tensor(env.reward_means)
+    states = torch.arange(lab.n_states).repeat_interleave(lab.samples_per_state)
+    initial = {
+        "entropy": float(policy.state_entropies().mean()),
+        "reward": float(policy.expected_rewards(means).mean()),
+    }
     rows = []
     for iteration in range(lab.iters):
         actions = policy.sample(states, generator)
         rewards = torch.as_tensor(env.sample_rewards(states.numpy(), actions.numpy()))
         with torch.no_grad():
             old_logprobs = policy.action_logprobs(states, actions)
-        m = policy_update(
-            config,
-            control,
+        batch = UpdateBatch.build(
+            config.advantage,
             rewards=rewards.float(),
             group_ids=states,
+            mask=torch.ones(len(states), 1),  # one action per trajectory
             old_logprobs=old_logprobs,
-            mask=mask,
+        )
+        m = policy_update(
+            control,
+            batch,
             score=_scorer(policy, states, actions),
             backward=torch.Tensor.backward,
-            step=step,
+            step=_stepper(lab, policy, optimizer),
+            zero_grad=optimizer.zero_grad,
             generator=generator,
         )
-        row = {
-            "algo": algo,
-            "seed": seed,
-            "iteration": iteration,
-            "entropy": float(policy.state_entropies().mean()),
-            "entropy_sampled": m["entropy"],
-            "reward": float(policy.expected_rewards(means).mean()),
-            "reward_sampled": m["reward_mean"],
-            **{k: m.get(k) for k in LOGGED_METRICS},
-            "zeta": m["zeta"],
-            "beta": m["beta"],
-            "eps_high": m["eps_high"],
-        }
+        row = {"algo": config.name, "seed": seed, "iteration": iteration, **_row(policy, means, m)}
+        row.update({key: m[key] for key in control.metrics() if key not in row})  # custom ones
         rows.append(row)
     return initial, rows
 

@@ -1,4 +1,4 @@
-"""The RL training recipe: collect -> rescore in fp32 -> update -> hand the adapter over.
+"""The RL training recipe: collect -> update (rescoring in fp32) -> hand the adapter over.
 
 Read ``Trainer.iteration`` top to bottom: it is the paper's loop (appendix "Training") and holds
 no math of its own; every formula is a named function in ``entrogym.algos``.
@@ -21,12 +21,11 @@ from entrogym.agents.engines import Engine, SamplingParams, make_engine
 from entrogym.agents.episode import Episode
 from entrogym.agents.mismatch import sampler_mismatch
 from entrogym.agents.rollout import collect_rollouts
-from entrogym.algos.buffer import Batch, EpisodeBuffer
-from entrogym.algos.presets import get_algorithm
-from entrogym.algos.update import EntropyControl, policy_update
+from entrogym.algos import UpdateBatch, get_algorithm, make_control, policy_update
 from entrogym.atomic import atomic_write_text
 from entrogym.envs.base import make_text_env, task_ids_of
 from entrogym.train import distributed as dd
+from entrogym.train.batch import Batch, collate_episodes
 from entrogym.train.checkpoint import (
     latest_checkpoint,
     load_adapter_into,
@@ -54,10 +53,6 @@ def usable_episodes(episodes: list[Episode]) -> list[Episode]:
     for e in with_actions:
         sizes[e.group_id] = sizes.get(e.group_id, 0) + 1
     return [e for e in with_actions if sizes[e.group_id] >= 2]
-
-
-def pad_to(x: torch.Tensor, length: int) -> torch.Tensor:
-    return torch.nn.functional.pad(x, (0, length - x.shape[1]))
 
 
 class Trainer:
@@ -90,7 +85,7 @@ class Trainer:
             seed=cfg.seed,
         )
         self.scaler = loss_scaler_for(resolve_dtype(cfg.dtype))
-        self.control = EntropyControl(self.algo)
+        self.control = make_control(self.algo)
         self.start, self.cumulative_entropy, self.bad_steps, self.best = 0, 0.0, 0, -1.0
         self.adapter: Path | None = None  # the current weights' adapter folder (engine input)
         self._grad_norms: list[float] = []  # this iteration's pre-clip norms, filled by step()
@@ -220,9 +215,9 @@ class Trainer:
             save_adapter(self.policy, folder, weights)
         self.adapter = folder
 
-    def collect(self, it: int) -> tuple[Batch, dict[str, Any]] | str:
+    def collect(self, it: int) -> tuple[Batch, dict[str, Any]]:
         """Rank 0: rollouts with the current adapter, as a batch plus the rollout statistics
-        of the metrics row; or the reason there is none."""
+        of the metrics row. Raises ``TrainingStopped`` when no usable episode came back."""
         cfg = self.cfg
         tasks = random.Random(cfg.seed * 1_000_003 + it).sample(
             self.tasks, min(cfg.tasks_per_iter, len(self.tasks))
@@ -243,48 +238,49 @@ class Trainer:
         )
         episodes = usable_episodes(list(rollouts))
         if not episodes:
-            return f"iteration {it}: no episode with action tokens came back"
+            raise TrainingStopped(f"iteration {it}: no episode with action tokens came back")
         stats = {
             "success_rate": _success_rate(episodes),
             "episodes": len(episodes),
             "rollout_s": time.perf_counter() - t0,
             "tokens_per_s": rollouts.stats["tokens_per_s"],
         }
-        return EpisodeBuffer(self.pad_id, episodes).to_batch(), stats
+        return collate_episodes(episodes, self.pad_id), stats
 
     def iteration(self, it: int) -> dict[str, Any]:
         cfg = self.cfg
         # 1. Rollouts (rank 0), broadcast to every rank of a torchrun learner.
-        collected = dd.on_main(lambda: self.collect(it), self.ranks)
-        if isinstance(collected, str):
-            raise TrainingStopped(collected)
-        batch, rollout_stats = collected
+        batch, rollout_stats = dd.on_main(lambda: self.collect(it), self.ranks)
 
-        self._grad_norms = []
-        # 2. Old log-probs recomputed on the trainer in fp32 (never the engine's).
+        # 2. The preset's update: advantages, entropy control, clipped loss, steps. The old
+        #    log-probs are rescored here in fp32 (never the engine's): by the update itself,
+        #    which reuses the on-policy first minibatch's scoring pass.
         t0 = time.perf_counter()
-        with torch.no_grad():
-            old_logprobs = self.score(batch, torch.arange(len(batch)), need_entropy=False)[0]
-        mismatch = sampler_mismatch(old_logprobs, batch.sampler_logprobs, batch.action_mask)
-
-        # 3. The preset's update: advantages, entropy control, clipped loss, steps.
-        metrics = policy_update(
-            self.algo,
-            self.control,
+        self._grad_norms = []
+        experience = UpdateBatch.build(
+            self.algo.advantage,
             rewards=batch.rewards,
             group_ids=batch.group_ids,
-            old_logprobs=old_logprobs,
             mask=batch.action_mask,
+            lengths=batch.lengths,
+        )
+        metrics = policy_update(
+            self.control,
+            experience,
             score=lambda index, need: self.score(batch, index, need),
             backward=lambda loss: self.scaler.scale(loss).backward(),
             step=self.step,
-            micro_batch_size=self.cfg.micro_batch_size,
+            zero_grad=lambda: self.optimizer.zero_grad(set_to_none=True),
+            micro_batch_size=cfg.micro_batch_size,
             generator=torch.Generator().manual_seed(cfg.seed * 1_000_003 + it),
         )
         update_s = time.perf_counter() - t0
+        mismatch = sampler_mismatch(
+            experience.old_logprobs, batch.sampler_logprobs, batch.action_mask
+        )
         self.bad_steps += metrics["skipped_steps"]
         self.cumulative_entropy += metrics["entropy"]
-        n_groups = len(set(batch.group_ids.tolist()))
+        n_groups = experience.n_groups
         if metrics["zero_adv_groups"] == n_groups:
             self._say(
                 f"iteration {it}: all {n_groups} groups have equal rewards within the group; "
@@ -316,31 +312,20 @@ class Trainer:
     def score(
         self, batch: Batch, index: torch.Tensor, need_entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """fp32 log-probs (and exact entropies) of rows ``index``, padded back to the batch's T.
-
-        Runs in chunks of ``micro_batch_size`` under the caller's grad mode (the update passes
-        micro-batches of exactly that size, so each backward sees one chunk). Under torchrun
-        each rank scores its share of a chunk and the results are all-gathered."""
-        rows = batch.select(index)
+        """fp32 log-probs (and exact entropies) of rows ``index`` (one micro-batch of the
+        update), ``[b, t]`` with ``t`` their longest row, under the caller's grad mode. Under
+        torchrun each rank scores its share of the rows and the results are all-gathered."""
+        input_ids, attention_mask = batch.tokens(index)
+        mine = dd.rows_of_rank(len(index), self.ranks)
         fn = sequence_logprobs_and_entropy if need_entropy else sequence_logprobs
-        lps, ents = [], []
-        for s in range(0, len(rows), self.cfg.micro_batch_size):
-            chunk = torch.arange(s, min(s + self.cfg.micro_batch_size, len(rows)))
-            mine = dd.rows_of_rank(len(chunk), self.ranks)
-            out = fn(
-                self.policy,
-                rows.input_ids[chunk[mine]],
-                rows.attention_mask[chunk[mine]],
-                **self.logprob_opts,
-            )
-            lp, ent = out if need_entropy else (out, None)
-            lps.append(dd.gather_rows(lp, len(chunk), self.ranks))
-            ents.append(dd.gather_rows(ent, len(chunk), self.ranks) if need_entropy else None)
-        t = batch.input_ids.shape[1]
-        lp = pad_to(torch.cat(lps), t)
-        return lp, pad_to(torch.cat(ents), t) if need_entropy else None
+        out = fn(self.policy, input_ids[mine], attention_mask[mine], **self.logprob_opts)
+        lp, ent = out if need_entropy else (out, None)
+        lp = dd.gather_rows(lp, len(index), self.ranks)
+        return lp, dd.gather_rows(ent, len(index), self.ranks) if need_entropy else None
 
     def step(self) -> bool:
+        """Unscale (fp16), clip and take one optimizer step; False when it was skipped for
+        non-finite gradients. The update clears gradients before each minibatch."""
         found_inf = self.scaler.unscale_(self.optimizer)
         if not found_inf:
             norm = torch.nn.utils.clip_grad_norm_(
@@ -351,7 +336,6 @@ class Trainer:
             )
         stepped = self.scaler.step(self.optimizer)
         self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
         return stepped
 
     def evaluate(self, it: int) -> dict[str, Any]:
