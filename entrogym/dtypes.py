@@ -6,18 +6,23 @@ engine takes any of the three.
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 DTypeName = Literal["fp32", "bf16", "fp16"]
 DTYPE_NAMES: tuple[str, ...] = get_args(DTypeName)
-
-_TORCH = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_TORCH_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def torch_dtype(name: str) -> torch.dtype:
-    """The ``torch.dtype`` of a dtype name (ValueError naming the valid ones otherwise)."""
-    if name not in _TORCH:
+    """The ``torch.dtype`` of a dtype name (ValueError naming the valid ones otherwise).
+
+    torch is imported here, not at the top, so that configs and commands can name dtypes (and
+    reject bad input) without paying for importing torch."""
+    if name not in _TORCH_NAMES:
         raise ValueError(f"dtype must be one of {list(DTYPE_NAMES)}, got {name!r}")
-    return _TORCH[name]
+    import torch
+
+    return getattr(torch, _TORCH_NAMES[name])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -78,8 +79,14 @@ def check_writable_dir(path: str | os.PathLike, option: str) -> None:
     existing = _nearest_existing(folder)
     if not existing.is_dir():
         raise ValueError(f"{option} {str(path)!r}: {str(existing)!r} is a file, not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"{option} {str(path)!r}: {str(existing)!r} is not writable")
+    # A real write, not os.access: root passes os.access everywhere, even where writes fail.
+    try:
+        probe = tempfile.mkdtemp(prefix=".entrogym-write-check-", dir=existing)
+    except OSError as exc:
+        raise ValueError(
+            f"{option} {str(path)!r}: cannot write in {str(existing)!r} ({exc.strerror})"
+        ) from exc
+    os.rmdir(probe)
 
 
 def check_cache() -> None:
