@@ -57,6 +57,22 @@ def held_out_split(env: Any) -> str:
     )
 
 
+def eval_tasks(
+    env_id: str, split: str | None, max_tasks: int | None, env_kwargs: dict[str, Any] | None
+) -> tuple[str, list[str]]:
+    """The split (None: the held-out one) and its first ``max_tasks`` task ids."""
+    env = make_text_env(env_id, **(env_kwargs or {}))
+    try:
+        split = held_out_split(env) if split is None else split
+        tasks = task_ids_of(env, split)
+    finally:
+        env.close()
+    tasks = tasks[:max_tasks] if max_tasks is not None else tasks
+    if not tasks:
+        raise ValueError(f"env {env_id!r} has no tasks in split {split!r}")
+    return split, tasks
+
+
 @dataclass
 class EvalResult:
     summary: dict[str, Any]
@@ -83,16 +99,7 @@ def evaluate_policy(
     Reports ``split``, ``pass@1`` (mean success over all samples, also as ``accuracy``) and
     ``pass@k`` for k = ``samples``. ``split=None`` is the env's held-out split.
     """
-    env = make_text_env(env_id, **(env_kwargs or {}))
-    try:
-        split = held_out_split(env) if split is None else split
-        tasks = task_ids_of(env, split)
-    finally:
-        env.close()
-    if max_tasks is not None:
-        tasks = tasks[:max_tasks]
-    if not tasks:
-        raise ValueError(f"env {env_id!r} has no tasks in split {split!r}")
+    split, tasks = eval_tasks(env_id, split, max_tasks, env_kwargs)
     episodes = collect_rollouts(
         env_id,
         tasks,
