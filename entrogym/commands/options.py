@@ -78,6 +78,11 @@ def make_parser(
             skip=set(skip) | set(positionals) or None,
         )
     for action in parser._actions:
+        hint = _typehint(action)
+        if hint is not None and _is_list(hint) and action.option_strings:
+            # normalise_argv turns several words into the list, so show that spelling
+            word = "URL" if "url" in action.dest else action.dest.upper().rstrip("S")
+            action.metavar = f"{word} [{word} ...]"
         if isinstance(action, _ActionConfigLoad) and action.dest in set(preset_groups):
             action.__class__ = _PresetOrConfig
             action.metavar = "NAME"
