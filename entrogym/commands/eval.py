@@ -110,7 +110,9 @@ def prepare(cfg: EvalConfig) -> dict[str, Any]:
     env_kwargs = legacy.env_kwargs_for(cfg, appworld)
     env = make_text_env(cfg.env, **env_kwargs)  # unknown split / bad data fail here, cheaply
     try:
-        split = env.unwrapped.resolve_split(cfg.split) if cfg.split else held_out_split(env)
+        resolve = getattr(env.unwrapped, "resolve_split", None)  # TextEnv checks the name
+        split = held_out_split(env) if cfg.split is None else cfg.split
+        split = resolve(split) if resolve is not None else split
         tasks = all_tasks = task_ids_of(env, split)
         hook = _has_hook(env)
     finally:
