@@ -1,9 +1,9 @@
 """``entrogym`` command line: a thin dispatcher.
 
-Each subcommand lives next to the code it drives and is imported only when used, so
+Each subcommand is a module of :mod:`entrogym.commands`, imported only when used, so
 ``entrogym theory`` does not pay for importing vLLM. Every subcommand function takes
-``argv: list[str]`` and returns an exit code; it parses its own options with jsonargparse
-(options are also settable from a YAML file with ``--config``).
+``argv: list[str]`` and returns an exit code; its options are a dataclass parsed the same way
+for every command (:mod:`entrogym.commands.options`; ``--config`` YAML files too).
 """
 
 from __future__ import annotations
@@ -14,28 +14,28 @@ import sys
 # name -> ("module:function", one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "bandit": (
-        "entrogym.theory.lab:cli",
+        "entrogym.commands.bandit:cli",
         "train a tabular softmax policy on bandits with every preset",
     ),
     "theory": (
-        "entrogym.theory.checks:cli",
+        "entrogym.commands.theory:cli",
         "numerical checks of Thm 1/Cor 1, Thm 2, Thm 3 and the softmax fix",
     ),
     "model": (
-        "entrogym.models:cli",
+        "entrogym.commands.model:cli",
         "prepare built-in models (SmolLM2 from its GGUF, tiny random models)",
     ),
     "appworld": (
-        "entrogym.envs.appworld.cli:cli",
+        "entrogym.commands.appworld:cli",
         "set up AppWorld, build the offline fixture world",
     ),
     "eval": (
-        "entrogym.evaluate:cli",
+        "entrogym.commands.eval:cli",
         "evaluate an agent on an env split (AppWorld TGC/SGC, AIME pass@k)",
     ),
-    "train": ("entrogym.train.cli:cli", "RL-train a LoRA policy on a text env with a preset"),
-    "plot": ("entrogym.train.plots:cli", "draw entropy / accuracy panels from run folders"),
-    "demo": ("entrogym.demo:cli", "the main demo (what `make demo` runs)"),
+    "train": ("entrogym.commands.train:cli", "RL-train a LoRA policy on a text env with a preset"),
+    "plot": ("entrogym.commands.plot:cli", "draw entropy / accuracy panels from run folders"),
+    "demo": ("entrogym.commands.demo:cli", "the main demo (what `make demo` runs)"),
 }
 
 

@@ -14,19 +14,29 @@ one-digit arithmetic so that a 135M model earns some reward.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from entrogym.agents.config import AgentConfig
 from entrogym.atomic import atomic_write_text
 
 ENV = "entrogym/Arithmetic-v0"
 ENV_KWARGS = {"max_digits": 1, "num_train": 100, "num_test": 40}
 SYSTEM_PROMPT = "You are a careful calculator. Answer with the final number in \\boxed{}."
+# The rollout settings every part of the demo shares (the base model's eval and both runs).
+AGENT = AgentConfig(
+    model="smollm2-135m-instruct",
+    engine="vllm",
+    engine_dtype="fp32",
+    max_response_tokens=48,
+    max_context_tokens=256,
+    on_turn_budget="step",
+    system_prompt=SYSTEM_PROMPT,
+)
 
 
 def demo_config(algo: str, out: Path, iterations: int, lr: float, eval_tasks: int) -> Any:
@@ -34,25 +44,19 @@ def demo_config(algo: str, out: Path, iterations: int, lr: float, eval_tasks: in
 
     tasks, samples = 6, 4
     return TrainConfig(
+        **asdict(AGENT),
         env=ENV,
         env_kwargs=ENV_KWARGS,
         split="train",
-        algo=algo,
         # one pass, two optimizer steps per iteration: the second minibatch is off-policy,
         # so the presets' clipping and REPO's shaping both act
-        algo_overrides={"epochs": 1, "minibatch_size": tasks * samples // 2},
-        model="smollm2-135m-instruct",
-        engine="vllm",
-        engine_dtype="fp32",
+        algo={"name": algo, "epochs": 1, "minibatch_size": tasks * samples // 2},
         dtype="fp32",
         iterations=iterations,
         tasks_per_iter=tasks,
         samples=samples,
         early_stop_min_per_task=samples,
         early_stop_fraction=1.0,
-        max_response_tokens=48,
-        max_context_tokens=256,
-        on_turn_budget="step",
         lr=lr,
         micro_batch_size=6,
         checkpoint_every=iterations,
@@ -63,7 +67,6 @@ def demo_config(algo: str, out: Path, iterations: int, lr: float, eval_tasks: in
         eval_every=iterations,
         eval_tasks=eval_tasks,
         out=str(out / algo),
-        system_prompt=SYSTEM_PROMPT,
     )
 
 
@@ -77,72 +80,57 @@ def evaluate_base(engine: Any, agent: Any, tasks: int) -> float:
     return float(result.summary["pass@1"])
 
 
-def build_parser(prog: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
-    p.add_argument("--algos", nargs="+", default=["grpo", "repo-r"], help="presets to compare")
-    p.add_argument("--iterations", type=int, default=5, help="RL iterations per preset")
-    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate of the LoRA")
-    p.add_argument("--eval-tasks", type=int, default=40, help="held-out tasks per evaluation")
-    return p
-
-
-def cli(argv: list[str], prog: str = "entrogym demo") -> int:
-    args = build_parser(prog).parse_args(argv)
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # before vllm is imported
-    out = Path(args.out)
+def run_demo(out: Path, algos: list[str], iterations: int, lr: float, eval_tasks: int) -> None:
+    """Evaluate the base model, train each preset, evaluate again, plot and print the table.
+    A non-empty ``out`` is refused (ValueError) so no earlier result is mixed in."""
     if out.exists() and any(out.iterdir()):
-        print(f"{prog}: {out} is not empty; remove it or pass --out NEW_DIR", file=sys.stderr)
-        return 2
+        raise ValueError(f"{out} is not empty; remove it or pass --out NEW_DIR")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # before vllm is imported
     from entrogym.agents.agent import LLMAgent
     from entrogym.agents.engines import make_engine
     from entrogym.models import resolve_model
-    from entrogym.train.plots import cli as plot_cli
-    from entrogym.train.trainer import Trainer
+    from entrogym.train.plots import plot_runs
 
     start = time.perf_counter()
-    resolve_model("smollm2-135m-instruct")  # dequantises the shipped GGUF once
-    configs = {
-        a: demo_config(a, out, args.iterations, args.lr, args.eval_tasks) for a in args.algos
-    }
-    base = configs[args.algos[0]]
-    engine = make_engine(
-        "vllm", base.model, dtype=base.engine_dtype, max_model_len=base.max_context_tokens
-    )
-    agent = LLMAgent.from_model(
-        base.model,
-        system_prompt=SYSTEM_PROMPT,
-        max_turn_tokens=base.max_response_tokens,
-        max_context=base.max_context_tokens,
-        on_turn_budget=base.on_turn_budget,
-    )
-    summary: dict[str, Any] = {"settings": {**vars(args), "env": ENV, "env_kwargs": ENV_KWARGS}}
+    resolve_model(AGENT.model)  # dequantises the shipped GGUF once
+    configs = {a: demo_config(a, out, iterations, lr, eval_tasks) for a in algos}
+    engine = make_engine(AGENT.engine, AGENT.model, **AGENT.engine_kwargs())
+    agent = LLMAgent.from_model(AGENT.model, **AGENT.agent_kwargs())
+    settings = {"out": str(out), "algos": algos, "iterations": iterations, "lr": lr,
+                "eval_tasks": eval_tasks, "env": ENV, "env_kwargs": ENV_KWARGS}  # fmt: skip
+    summary: dict[str, Any] = {"settings": settings}
     try:
-        before = evaluate_base(engine, agent, args.eval_tasks)
-        summary["accuracy_before"] = before
+        summary["accuracy_before"] = before = evaluate_base(engine, agent, eval_tasks)
         print(f"base model: held-out accuracy {before:.3f}", flush=True)
-        for algo in args.algos:
-            trainer = Trainer(configs[algo], engine=engine)
-            try:
-                trainer.fit()
-            finally:
-                trainer.close()
-            rows = [json.loads(line) for line in (trainer.run_dir / "metrics.jsonl").open()]
-            train = [r for r in rows if r.get("kind", "train") == "train"]
-            evals = [r for r in rows if r.get("kind") == "eval"]
-            summary[algo] = {
-                "entropy": [r["entropy"] for r in train],
-                "entropy_ratio": train[-1]["entropy"] / train[0]["entropy"],
-                "reward": [r["reward_mean"] for r in train],
-                "accuracy_after": evals[-1]["pass@1"],
-            }
+        for algo in algos:
+            summary[algo] = train_one(configs[algo], engine)
     finally:
         engine.close()
-    plot_cli([str(out / a) for a in args.algos] + ["--out", str(out / "plots")])
+    for path in plot_runs([str(out / a) for a in algos], out / "plots"):
+        print(path)
     summary["wall_s"] = time.perf_counter() - start
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
-    print(report(summary, args.algos))
-    return 0
+    print(report(summary, algos))
+
+
+def train_one(config: Any, engine: Any) -> dict[str, Any]:
+    """Train one preset through the real trainer; its entropy, reward and final accuracy."""
+    from entrogym.train.trainer import Trainer
+
+    trainer = Trainer(config, engine=engine)
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()
+    rows = [json.loads(line) for line in (trainer.run_dir / "metrics.jsonl").open()]
+    train = [r for r in rows if r.get("kind", "train") == "train"]
+    evals = [r for r in rows if r.get("kind") == "eval"]
+    return {
+        "entropy": [r["entropy"] for r in train],
+        "entropy_ratio": train[-1]["entropy"] / train[0]["entropy"],
+        "reward": [r["reward_mean"] for r in train],
+        "accuracy_after": evals[-1]["pass@1"],
+    }
 
 
 def report(summary: dict[str, Any], algos: list[str]) -> str:

@@ -18,7 +18,6 @@ import json
 import os
 import re
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -295,32 +294,3 @@ def resolve_model(name: str, cache_dir: str | os.PathLike | None = None) -> str:
         "local Hugging Face folder, nor a hub id of the form 'org/name'; run `entrogym model list` "
         "to see the built-ins"
     )
-
-
-def cli(argv: list[str]) -> int:
-    """``entrogym model prepare NAME [--cache-dir DIR] [--force]`` and ``entrogym model list``."""
-    from jsonargparse import ActionConfigFile, ArgumentParser
-
-    parser = ArgumentParser(prog="entrogym model", description="Prepare built-in models.")
-    sub = parser.add_subcommands(dest="command")
-    prep = ArgumentParser(
-        description="Build a built-in model's Hugging Face folder; print its path."
-    )
-    prep.add_argument("--config", action=ActionConfigFile, help="options from a YAML file")
-    prep.add_argument("name", type=str, help=f"one of: {', '.join(BUILTIN_MODELS)}")
-    prep.add_argument("--cache-dir", type=str | None, default=None, help="default $ENTROGYM_CACHE")
-    prep.add_argument("--force", type=bool, default=False, help="rebuild even if cached")
-    sub.add_subcommand("prepare", prep)
-    sub.add_subcommand("list", ArgumentParser(description="List the built-in models."))
-    args = parser.parse_args(argv)
-    if args.command == "list":
-        for model in BUILTIN_MODELS.values():
-            print(f"{model.name:<24} {model.description}")
-        return 0
-    opts = args.prepare
-    try:
-        print(prepare_model(opts.name, opts.cache_dir, force=opts.force))
-    except (ValueError, RuntimeError) as exc:
-        print(f"entrogym model prepare: error: {exc}", file=sys.stderr)
-        return 2
-    return 0

@@ -12,10 +12,11 @@ from gymnasium.utils.env_checker import check_env
 
 import entrogym  # noqa: F401
 from entrogym.algos.presets import ALGORITHMS
-from entrogym.demo import cli as demo_cli
+from entrogym.commands.bandit import cli
+from entrogym.commands.demo import cli as demo_cli
 from entrogym.demo import report
 from entrogym.envs.bandit import BanditEnv, make_reward_means
-from entrogym.theory.lab import LabConfig, cli, run_lab, run_one
+from entrogym.theory.lab import LabConfig, run_lab, run_one
 from entrogym.theory.tabular import TabularSoftmaxPolicy, initial_logits
 
 TINY = ["--seeds", "1", "--iters", "3", "--n_states", "4", "--samples_per_state", "4"]

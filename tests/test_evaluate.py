@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from entrogym.evaluate import cli
+from entrogym.commands.eval import cli
 from entrogym.train.evaluation import mean_pass_at_k, pass_at_k
 
 TINY = ["--model", "tiny-random-llama", "--engine", "hf", "--engine-dtype", "fp32"]
@@ -77,16 +77,21 @@ def test_eval_appworld_fixture_tgc_sgc_and_appworld_report(tmp_path: Path, capsy
 
 
 def test_eval_appworld_report_skipped_for_several_samples(capsys) -> None:
-    from entrogym.evaluate import build_parser, prepare, report_line
+    from entrogym.commands.eval import EvalConfig, build_parser, prepare
+    from entrogym.commands.eval_appworld import report_line
+    from entrogym.commands.options import parse_options
+
+    def parse(argv: list[str]) -> EvalConfig:
+        return parse_options(build_parser(), argv, EvalConfig)
 
     root = _fixture_root()
     argv = ["--env", "entrogym/AppWorld-v0", *TINY, "--appworld-root", str(root)]
-    prepared = prepare(build_parser().parse_args([*argv, "--samples", "2"]))
+    prepared = prepare(parse([*argv, "--samples", "2"]))
     # the two samples of a task would overwrite each other's outputs: nothing is kept
     assert prepared["experiment"] is None and "experiment_name" not in prepared["env_kwargs"]
     line = report_line({"ok": None, "skipped": prepared["report_skipped"]})
     assert line.startswith("AppWorld report skipped: --samples 2") and "\n" not in line
-    prepared = prepare(build_parser().parse_args(argv))
+    prepared = prepare(parse(argv))
     assert prepared["experiment"].startswith("entrogym-eval-")
     assert prepared["report_name"] == "test_normal" and prepared["report_skipped"] is None
 

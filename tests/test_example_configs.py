@@ -15,9 +15,9 @@ import gymnasium as gym
 import pytest
 
 import entrogym  # noqa: F401  (registers the built-in env ids)
-from entrogym.algos.presets import ALGORITHMS, get_algorithm
+from entrogym.algos.presets import ALGORITHMS
+from entrogym.commands.train import parse_config
 from entrogym.envs.base import make_text_env, task_ids_of
-from entrogym.train.cli import parse_config
 from entrogym.train.config import TrainConfig
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "examples" / "configs"
@@ -77,8 +77,8 @@ def test_config_parses_into_a_valid_run(path: Path) -> None:
         check_split(cfg.eval_env, {}, cfg.eval_split)
 
     # The preset exists and the overrides apply (an unknown field raises ValueError).
-    algo = get_algorithm(cfg.algo, **cfg.algo_overrides)
-    assert algo.name == cfg.algo
+    algo = cfg.algorithm()
+    assert algo.name == cfg.algo.name
     for field, value in cfg.algo_overrides.items():
         assert getattr(algo, field) == value
 
@@ -90,7 +90,7 @@ def test_config_parses_into_a_valid_run(path: Path) -> None:
 @pytest.mark.parametrize("algo", list(ALGORITHMS))
 def test_paper_scale_configs_carry_the_paper_values(env: str, algo: str) -> None:
     cfg = load(CONFIG_DIR / f"{env}-{algo}.yaml")
-    assert cfg.algo == algo
+    assert cfg.algo.name == algo
     assert cfg.out == f"runs/{env}-{algo}"
     # Appendix "Training".
     assert cfg.samples == 6
@@ -103,7 +103,7 @@ def test_paper_scale_configs_carry_the_paper_values(env: str, algo: str) -> None
     assert cfg.model == "Qwen/Qwen3-8B"
     assert cfg.dtype == "fp16"
     # Sec. 6 "Algorithms": RLOO takes all experience in one minibatch; the others 256 / 128.
-    minibatch = get_algorithm(cfg.algo, **cfg.algo_overrides).minibatch_size
+    minibatch = cfg.algorithm().minibatch_size
     if algo == "rloo":
         assert minibatch is None
     else:
@@ -136,16 +136,16 @@ def test_included_file_resolves_relative_to_the_including_file(
 ) -> None:
     monkeypatch.chdir(tmp_path)  # `config: aime.yaml` must not depend on the working folder
     cfg = load(CONFIG_DIR / "aime-gspo.yaml")
-    assert (cfg.algo, cfg.max_response_tokens) == ("gspo", 4096)
+    assert (cfg.algo.name, cfg.max_response_tokens) == ("gspo", 4096)
 
 
 def test_later_sources_override_earlier_ones() -> None:
     """What README.md in examples/configs documents: files and options apply left to right,
     and a dict option (algo_overrides) is replaced whole, not merged."""
     cfg = load(CONFIG_DIR / "appworld.yaml", "--config", str(CONFIG_DIR / "aime-dapo.yaml"))
-    assert (cfg.env, cfg.algo) == ("entrogym/AIMETrain-v0", "dapo")
+    assert (cfg.env, cfg.algo.name) == ("entrogym/AIMETrain-v0", "dapo")
     cfg = load(CONFIG_DIR / "aime.yaml", "--algo", "rloo", "--algo-overrides", "{}")
-    assert (cfg.algo, cfg.algo_overrides) == ("rloo", {})
+    assert (cfg.algo.name, cfg.algo_overrides) == ("rloo", {})
     cfg = load(CONFIG_DIR / "aime-grpo.yaml", "--seed", "3", "--out", "runs/x")
     assert (cfg.seed, cfg.out, cfg.algo_overrides) == (3, "runs/x", {"minibatch_size": 256})
     cfg = load(CONFIG_DIR / "aime-grpo.yaml", "--algo_overrides.epochs", "3")

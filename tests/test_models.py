@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from entrogym import models
+from entrogym.commands.model import cli as model_cli
 from entrogym.models import (
     BUILTIN_MODELS,
     build_tiny_random,
@@ -33,7 +34,7 @@ def test_prepare_smollm2_from_gguf_in_a_fresh_cache(tmp_path, capsys):
     """What a fresh clone does: dequantise the shipped GGUF once, then reuse the folder."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    assert models.cli(["prepare", "smollm2-135m-instruct", "--cache-dir", str(tmp_path)]) == 0
+    assert model_cli(["prepare", "smollm2-135m-instruct", "--cache-dir", str(tmp_path)]) == 0
     folder = Path(capsys.readouterr().out.strip())
     assert folder == tmp_path / "models" / "smollm2-135m-instruct"
     assert all((folder / name).is_file() for name in HF_FILES)
@@ -134,5 +135,5 @@ def test_cli_list_and_bad_name(capsys):
     assert result.returncode == 0, result.stderr
     assert all(name in result.stdout for name in BUILTIN_MODELS)
     capsys.readouterr()
-    assert models.cli(["prepare", "gpt-5"]) == 2
+    assert model_cli(["prepare", "gpt-5"]) == 2
     assert "not built in; built-ins are: smollm2-135m-instruct" in capsys.readouterr().err

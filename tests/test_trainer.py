@@ -14,8 +14,8 @@ import pytest
 import vowel_env  # noqa: F401  (registers test/Vowel-v0 and test/Const-v0)
 
 from entrogym.algos.presets import ALGORITHMS
+from entrogym.commands.train import parse_config
 from entrogym.train.checkpoint import latest_checkpoint
-from entrogym.train.cli import parse_config
 from entrogym.train.config import TrainConfig
 from entrogym.train.metrics import read_metrics
 from entrogym.train.trainer import train
@@ -158,7 +158,7 @@ def test_bad_input_is_named(tmp_path):
         train(TrainConfig(env="test/Vowel-v0", algo="ppo", out=str(tmp_path), **SMALL))
     with pytest.raises(ValueError, match="cannot make env"):
         train(TrainConfig(env="test/Nope-v0", out=str(tmp_path / "x"), **SMALL))
-    with pytest.raises(SystemExit):
+    with pytest.raises(ValueError, match="no-such-option"):
         parse_config(["--no-such-option", "1"])
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "metrics.jsonl").write_text(json.dumps({"iteration": 0}) + "\n")

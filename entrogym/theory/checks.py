@@ -6,12 +6,10 @@ when Cor. 1's correlation is below 0.99 or Thm 2's bound is violated.
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
 import torch
-from jsonargparse import ActionConfigFile, ActionYesNo, ArgumentParser
 
 from entrogym.theory.formulas import (
     bf16_ratio_bias_predicted,
@@ -230,7 +228,7 @@ def run_checks(
     return result
 
 
-def _print_human(r: dict[str, Any]) -> None:
+def print_human(r: dict[str, Any]) -> None:
     bf, sg = r["bf16_bias"], r["softmax_grad"]
     print(
         f"Cor 1 (tabular softmax): pearson {r['cor1_pearson']:.6f} over {r['cor1_n']} policies, "
@@ -250,21 +248,3 @@ def _print_human(r: dict[str, Any]) -> None:
         f"{sg['fixed_max_rel_error_sampled']:.1e}"
     )
     print("PASSED" if r["passed"] else "FAILED")
-
-
-def cli(argv: list[str]) -> int:
-    """``entrogym theory [--json]``: run the checks; exit 1 if Cor 1 or Thm 2 fails."""
-    parser = ArgumentParser(prog="entrogym theory", description=__doc__)
-    parser.add_argument("--config", action=ActionConfigFile)
-    parser.add_argument("--json", action=ActionYesNo, default=False, help="print one JSON object")
-    parser.add_argument("--n_policies", type=int, default=500, help="Cor 1 samples (>= 200)")
-    parser.add_argument("--n_pairs", type=int, default=1500, help="Thm 2 pairs (>= 1000)")
-    parser.add_argument("--n_bf16", type=int, default=2_000_000, help="Thm 3 samples")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    result = run_checks(args.n_policies, args.n_pairs, args.n_bf16, args.seed)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        _print_human(result)
-    return 0 if result["passed"] else 1

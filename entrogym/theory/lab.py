@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
-from jsonargparse import ActionConfigFile, ActionYesNo, ArgumentParser
 
 import entrogym  # noqa: F401  (registers entrogym/Bandit-v0)
 from entrogym.algos import (
@@ -34,6 +33,7 @@ from entrogym.algos import (
     get_algorithm,
     make_control,
     policy_update,
+    preset_knobs,
     token_entropy_from_logits,
 )
 from entrogym.theory.tabular import INITS, TabularSoftmaxPolicy, initial_logits
@@ -44,7 +44,24 @@ LOGGED_METRICS = ("clip_frac_low", "clip_frac_high", "approx_kl", "ratio_max", "
 
 @dataclass
 class LabConfig:
-    """Defaults of ``entrogym bandit`` (what ``make demo`` runs)."""
+    """The bandit lab's settings (defaults: what ``entrogym bandit`` runs).
+
+    Args:
+        algos: presets to train (each with every seed).
+        seeds: seeds per preset (seed s fixes the arm means, the initial logits and sampling).
+        iters: iterations per run.
+        n_states: bandit states (one group of samples per state and iteration).
+        n_arms: arms per state.
+        samples_per_state: K, samples per state and iteration.
+        reward_noise: ``bernoulli`` rewards or the arm means themselves.
+        init: initial logits (``calibrated`` to the arm means, or another of the INITS).
+        calibration: how strongly calibrated initial logits follow the arm means.
+        init_noise: noise added to the initial logits.
+        optimizer: ``sgd`` or ``adam``.
+        lr: learning rate of the tabular logits.
+        max_grad_norm: gradient clipping (0 = none).
+        knobs: preset knobs applied to every chosen preset that has them (e.g. zeta_max).
+    """
 
     algos: list[str] = field(default_factory=lambda: list(ALGORITHMS))
     seeds: int = 3
@@ -59,6 +76,7 @@ class LabConfig:
     optimizer: str = "sgd"
     lr: float = 64.0
     max_grad_norm: float = 0.0
+    knobs: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
         unknown = [a for a in self.algos if a not in ALGORITHMS]
@@ -84,6 +102,18 @@ class LabConfig:
             raise ValueError(
                 f"max_grad_norm must be >= 0 (0 = no clipping), got {self.max_grad_norm}"
             )
+        for knob in self.knobs:
+            if not any(knob in preset_knobs(a) for a in self.algos):
+                raise ValueError(
+                    f"algo.{knob} is a knob of none of the chosen presets ({', '.join(self.algos)})"
+                )
+        for algo in self.algos:
+            self.algorithm(algo)  # a knob value the preset refuses fails here
+
+    def algorithm(self, algo: str) -> AlgorithmConfig:
+        """Preset ``algo`` with the knobs it has applied."""
+        allowed = preset_knobs(algo)
+        return get_algorithm(algo, **{k: v for k, v in self.knobs.items() if k in allowed})
 
 
 def _optimizer(lab: LabConfig, policy: torch.nn.Module) -> torch.optim.Optimizer:
@@ -158,7 +188,7 @@ def run_one(
     The seed fixes the bandit's arm means, the initial logits and all sampling, so every preset
     sees the same problems for the same seed.
     """
-    config = get_algorithm(algo) if isinstance(algo, str) else algo
+    config = lab.algorithm(algo) if isinstance(algo, str) else algo
     env, policy = _problem(lab, seed)
     optimizer = _optimizer(lab, policy)
     generator = torch.Generator().manual_seed(seed)
@@ -226,52 +256,3 @@ def _run_all(lab: LabConfig, progress: bool) -> tuple[list[dict[str, Any]], dict
         if progress:
             print(f"  {algo:<20} done ({time.perf_counter() - start:.0f}s)", file=sys.stderr)
     return rows, initials
-
-
-def build_parser(prog: str = "entrogym bandit", default_out: str = "runs/bandit") -> ArgumentParser:
-    defaults = LabConfig()
-    parser = ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", action=ActionConfigFile)
-    parser.add_argument(
-        "--algos", type=str, default=",".join(defaults.algos), help="comma-separated presets"
-    )
-    parser.add_argument("--out", type=str, default=default_out, help="output folder")
-    parser.add_argument("--json", action=ActionYesNo, default=False, help="print the summary")
-    for name, value in asdict(defaults).items():
-        if name != "algos":
-            parser.add_argument(f"--{name}", type=type(value), default=value)
-    return parser
-
-
-def lab_from_args(args: Any) -> LabConfig:
-    fields = {k: getattr(args, k) for k in asdict(LabConfig()) if k != "algos"}
-    algos = [a.strip() for a in str(args.algos).split(",") if a.strip()]
-    return LabConfig(algos=algos, **fields)
-
-
-def cli(argv: list[str], prog: str = "entrogym bandit", default_out: str = "runs/bandit") -> int:
-    """``entrogym bandit --algos ... --seeds 3 --iters N --out DIR [--json]``."""
-    import json
-
-    from entrogym.theory.lab_report import format_table
-
-    args = build_parser(prog=prog, default_out=default_out).parse_args(argv)
-    lab = lab_from_args(args)
-    try:
-        lab.validate()
-    except ValueError as e:
-        print(f"{prog}: {e}", file=sys.stderr)
-        return 2
-    if not args.json:
-        print(
-            f"bandit lab: {len(lab.algos)} presets x {lab.seeds} seeds x {lab.iters} iterations "
-            f"({lab.n_states} states, {lab.n_arms} arms, {lab.samples_per_state} samples/state)",
-            flush=True,
-        )
-    summary = run_lab(lab, Path(args.out), progress=not args.json)
-    if args.json:
-        print(json.dumps(summary))
-    else:
-        print(format_table(summary))
-        print(f"wrote {args.out}/metrics.jsonl, {args.out}/summary.json, {args.out}/entropy.png")
-    return 0

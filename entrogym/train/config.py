@@ -3,80 +3,180 @@
 Every field is settable from the command line (``--tasks-per-iter 8``) and from a YAML file
 (``--config run.yaml`` with ``tasks_per_iter: 8``); the YAML keys are the field names below.
 Defaults are the paper's where it gives one (appendix "Training"), sized down only where noted.
+
+The preset's knobs are typed nested fields built from :class:`AlgorithmConfig`'s own fields:
+``--algo repo-r --algo.zeta-max 0.5`` or, in YAML, ``algo: {name: repo-r, zeta_max: 0.5}``. The
+older form ``algo: repo-r`` with ``algo_overrides: {zeta_max: 0.5}`` still parses.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+import os
+from dataclasses import asdict, dataclass, field, fields, make_dataclass
+from typing import Any, get_type_hints
+
+import docstring_parser
+
+from entrogym.agents.config import AgentConfig
+from entrogym.algos.presets import ALGORITHMS, AlgorithmConfig, get_algorithm, preset_knobs
+from entrogym.dtypes import DTypeName
+
+# The control a preset names is what makes it that preset, so it is not a user knob.
+NOT_KNOBS = frozenset({"name", "control"})
+
+
+def _knob_docs() -> dict[str, str]:
+    """Per-field descriptions from :class:`AlgorithmConfig`'s docstring (one place to document)."""
+    docs: dict[str, str] = {}
+    roles = {"_init": "start value", "_min": "lower bound", "_max": "upper bound",
+             "_up": "growth factor", "_down": "shrink factor"}  # fmt: skip
+    for param in docstring_parser.parse(AlgorithmConfig.__doc__ or "").params:
+        names = [n.strip() for n in param.arg_name.split(",")]
+        text = " ".join((param.description or "").split())
+        for name in names:
+            role = next((r for suffix, r in roles.items() if name.endswith(suffix)), None)
+            docs[name] = f"{role} of {text}" if len(names) > 1 and role else text
+    return docs
+
+
+def _knob_fields() -> list[tuple[str, Any, Any]]:
+    hints = get_type_hints(AlgorithmConfig)
+    return [
+        (f.name, hints[f.name] | None, field(default=None))
+        for f in fields(AlgorithmConfig)
+        if f.name not in NOT_KNOBS
+    ]
+
+
+def _knobs_doc(title: str, with_name: bool) -> str:
+    docs = _knob_docs()
+    lines = [title, "", "Args:"]
+    if with_name:
+        lines.append(f"    name: preset name ({', '.join(ALGORITHMS)}).")
+    for name, _, _ in _knob_fields():
+        lines.append(f"    {name}: {docs.get(name, name)} (unset = the preset's value)")
+    return "\n".join(lines)
+
+
+AlgoKnobs = make_dataclass("AlgoKnobs", _knob_fields(), namespace={"__module__": __name__})
+AlgoKnobs.__doc__ = _knobs_doc("Preset knobs (each applies to the presets that have it).", False)
+AlgoSpec = make_dataclass(
+    "AlgoSpec",
+    [("name", str, field(default="repo-r")), *_knob_fields()],
+    namespace={"__module__": __name__},
+)
+AlgoSpec.__doc__ = _knobs_doc("The algorithm: a preset and its knobs.", True)
+
+
+def set_knobs(spec: Any) -> dict[str, Any]:
+    """The knobs of an ``AlgoSpec`` / ``AlgoKnobs`` that are set (not None)."""
+    return {
+        f.name: getattr(spec, f.name)
+        for f in fields(spec)
+        if f.name != "name" and getattr(spec, f.name) is not None
+    }
+
+
+def as_algo_spec(value: Any) -> Any:
+    """An ``AlgoSpec`` from a preset name, a mapping (YAML / jsonargparse) or an ``AlgoSpec``."""
+    if isinstance(value, AlgoSpec):
+        return value
+    if isinstance(value, str):
+        return AlgoSpec(name=value)
+    data = dict(vars(value) if hasattr(value, "__dict__") else value)
+    unknown = sorted(set(data) - {f.name for f in fields(AlgoSpec)})
+    if unknown:
+        name = data.get("name", "?")
+        knobs = preset_knobs(name) if name in ALGORITHMS else [f.name for f in fields(AlgoKnobs)]
+        raise ValueError(
+            f"algo: unknown knob(s) {unknown} for preset {name!r}; its knobs: {', '.join(knobs)}"
+        )
+    return AlgoSpec(**data)
+
+
+def check_knobs(name: str, knobs: dict[str, Any]) -> None:
+    """Every set knob must be one of the preset's (ValueError naming it and the preset's)."""
+    allowed = preset_knobs(name)
+    bad = [k for k in knobs if k not in allowed]
+    if bad:
+        raise ValueError(
+            f"algo.{bad[0]} is not a knob of preset {name!r}; its knobs: {', '.join(allowed)}"
+        )
+
+
+def resolve_algorithm(spec: Any, legacy_overrides: dict[str, Any] | None = None) -> AlgorithmConfig:
+    """The preset of ``spec`` with its set knobs (and the old ``algo_overrides``) applied."""
+    spec = as_algo_spec(spec)
+    if spec.name not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {spec.name!r}; known presets: {', '.join(ALGORITHMS)}")
+    knobs = set_knobs(spec)
+    check_knobs(spec.name, knobs)
+    return get_algorithm(spec.name, **{**(legacy_overrides or {}), **knobs})
 
 
 @dataclass
-class TrainConfig:
-    """One RL run.
+class TrainConfig(AgentConfig):
+    """One RL run (the rollout options, model to system_prompt, are shared with eval and the demo).
 
     Args:
-        env: Gymnasium id of the training env (any registered text env, yours included).
+        env: Gymnasium id of the training env (any registered text env, yours included, or
+            ``module:id`` to import your module first).
         env_kwargs: keyword arguments for ``gymnasium.make(env, **env_kwargs)``.
         split: task split to train on (None = the env's default split).
-        algo: preset name (rloo, grpo, loop, dapo, gspo, repo-r, repo-d, adapo, grpo-entropy-bonus).
-        algo_overrides: fields of the preset to change, e.g. ``{minibatch_size: 256}`` (AIME).
-        model: built-in model name, local Hugging Face folder, or hub id.
-        engine: rollout engine: ``vllm`` (in-process), ``vllm-server`` (``engine_urls``), ``hf``.
-        engine_urls: base URLs of running ``vllm serve`` instances (``vllm-server`` engine).
-        engine_dtype: dtype of the rollout engine's weights.
+        algo: preset and its knobs: ``--algo repo-r --algo.zeta-max 0.5`` (YAML
+            ``algo: {name: repo-r, zeta_max: 0.5}``); presets: rloo, grpo, loop, dapo, gspo,
+            repo-r, repo-d, adapo, grpo-entropy-bonus.
+        algo_overrides: the older form of the knobs, e.g. ``{minibatch_size: 256}``; the nested
+            ``algo`` knobs win where both set one (a null value is only expressible here).
         dtype: trainer parameter/compute dtype; log-probs for ratios are fp32 regardless.
         iterations: number of collect-then-update iterations.
         tasks_per_iter: tasks sampled per iteration; each gets ``samples`` rollouts (a group).
         samples: K, rollouts per task (paper: 6).
-        max_response_tokens: per-turn generation budget (paper: 4096 for AIME).
-        max_context_tokens: whole-episode context limit (paper: 32K for AppWorld).
-        on_turn_budget: a turn that hits ``max_response_tokens``: ``truncate`` ends the episode
-            as a failure (the paper's rule), ``step`` hands the cut text to the env and goes on.
-        temperature: sampling temperature of rollouts.
         early_stop_min_per_task: rollouts per task needed before the batch may stop early.
         early_stop_fraction: share of all rollouts needed before stopping early (paper: 0.9).
-        lr, weight_decay, max_grad_norm: AdamW and gradient clipping (paper: 5e-5, 0.01, 0.1).
+        max_env_error_fraction: share of an iteration's episodes that may fail on an env error
+            before the run stops (naming the first failure).
+        lr: AdamW learning rate (paper: 5e-5).
+        weight_decay: AdamW weight decay (paper: 0.01).
+        max_grad_norm: gradient clipping norm (paper: 0.1).
         micro_batch_size: trajectories per forward/backward; gradients of a minibatch's
             micro-batches are accumulated, so this bounds activation memory, not the math.
-        lora_rank, lora_alpha: LoRA on q, k, v, o, gate, up, down (paper: 16, 32).
-        bf16_round_logprobs: emulate Thm 3's bf16 rounding of log-probs before the ratio (off).
-        softmax_fix: fp64 recomputation of near-certain tokens' gradients (appendix; on).
-        eval_env, eval_env_kwargs, eval_split, eval_every, eval_tasks, eval_samples: periodic
-            held-out evaluation (pass@1 and pass@k with k = eval_samples) of the weights after
-            the iteration's update; eval_every 0 disables it.
+        threads: torch CPU threads of the learner (None = torch's default).
+        lora_rank: LoRA rank on q, k, v, o, gate, up, down (paper: 16).
+        lora_alpha: LoRA alpha (paper: 32).
+        bf16_round_logprobs: emulate Thm 3's bf16 rounding of log-probs before the ratio.
+        softmax_fix: fp64 recomputation of near-certain tokens' gradients (appendix).
+        eval_env: env of the periodic held-out evaluation (None = no evaluation).
+        eval_env_kwargs: keyword arguments of the eval env.
+        eval_split: split to evaluate (None = the env's held-out split, never train).
+        eval_every: iterations between evaluations of the updated weights (0 = never).
+        eval_tasks: first N tasks of the eval split (None = all).
+        eval_samples: samples per eval task (pass@1 and pass@k with k = eval_samples).
         out: run folder (metrics.jsonl, tb/, checkpoints/, plots).
         checkpoint_every: iterations between checkpoints (and always at the end).
         resume: continue the run in ``out`` from its latest complete checkpoint.
         init_adapter: start from this adapter / checkpoint / run folder (sequential training).
         max_bad_steps: stop after this many skipped (NaN/inf) optimizer steps in total.
         seed: seeds task sampling, rollouts and minibatch order.
-        system_prompt: system message for the agent (None = the env's / template's default).
     """
 
     env: str = "entrogym/Arithmetic-v0"
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     split: str | None = None
-    algo: str = "repo-r"
+    algo: AlgoSpec = field(default_factory=AlgoSpec)  # type: ignore[valid-type]
     algo_overrides: dict[str, Any] = field(default_factory=dict)
-    model: str = "smollm2-135m-instruct"
-    engine: Literal["vllm", "vllm-server", "hf"] = "vllm"
-    engine_urls: list[str] = field(default_factory=list)
-    engine_dtype: Literal["fp32", "bf16", "fp16"] = "bf16"
-    dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+    dtype: DTypeName = "fp32"
     iterations: int = 10
     tasks_per_iter: int = 8
     samples: int = 6
-    max_response_tokens: int = 256
-    max_context_tokens: int = 4096
-    on_turn_budget: Literal["truncate", "step"] = "truncate"
-    temperature: float = 1.0
     early_stop_min_per_task: int = 4
     early_stop_fraction: float = 0.9
+    max_env_error_fraction: float = 0.5
     lr: float = 5e-5
     weight_decay: float = 0.01
     max_grad_norm: float = 0.1
     micro_batch_size: int = 8
+    threads: int | None = None
     lora_rank: int = 16
     lora_alpha: int = 32
     bf16_round_logprobs: bool = False
@@ -93,19 +193,25 @@ class TrainConfig:
     init_adapter: str | None = None
     max_bad_steps: int = 10
     seed: int = 0
-    system_prompt: str | None = None
 
     def __post_init__(self) -> None:
+        super().__post_init__()
+        self.algo = as_algo_spec(self.algo)
+        self.algorithm()  # an unknown preset or knob fails here, before anything loads
         positive = (
             "iterations",
             "tasks_per_iter",
             "max_response_tokens",
             "checkpoint_every",
             "micro_batch_size",
+            "lora_rank",
         )
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        self._check_run_values()
+
+    def _check_run_values(self) -> None:
         if self.samples < 2:
             raise ValueError(
                 f"samples must be >= 2 (K rollouts per task form a group), got {self.samples}"
@@ -119,10 +225,27 @@ class TrainConfig:
             raise ValueError(
                 f"early_stop_fraction must be in (0, 1], got {self.early_stop_fraction}"
             )
+        if not 0 <= self.max_env_error_fraction <= 1:
+            raise ValueError(
+                f"max_env_error_fraction must be in [0, 1], got {self.max_env_error_fraction}"
+            )
+        cores = os.cpu_count() or 1
+        if self.threads is not None and not 1 <= self.threads <= cores:
+            raise ValueError(
+                f"threads must be in [1, {cores}] (this machine's cores) or None, "
+                f"got {self.threads}"
+            )
         if self.resume and self.init_adapter:
             raise ValueError(
                 "use either resume (continue this run) or init_adapter (new run), not both"
             )
 
+    def algorithm(self) -> AlgorithmConfig:
+        """The preset with its knobs applied (what the trainer runs)."""
+        return resolve_algorithm(self.algo, self.algo_overrides)
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        # only the knobs that are set: `algo: {name: repo-r, zeta_max: 0.5}`
+        out["algo"] = {"name": self.algo.name, **set_knobs(self.algo)}
+        return out

@@ -1,4 +1,8 @@
-"""Evaluation of a policy on an env split: pass@1 and pass@k over K samples per task."""
+"""Evaluation of a policy on an env split: pass@1 and pass@k over K samples per task.
+
+Used by the trainer's in-run evaluation and by ``entrogym eval``. Without a split, both evaluate
+the env's held-out split (:func:`held_out_split`), never the training split.
+"""
 
 from __future__ import annotations
 
@@ -34,6 +38,41 @@ def mean_pass_at_k(correct: Mapping[str, Sequence[bool]], k: int) -> float:
     )
 
 
+def held_out_split(env: Any) -> str:
+    """The split an evaluation uses by default: the env's declared ``eval_split`` attribute when
+    it has one, else ``test``, else the first split whose name starts with ``test`` (AppWorld's
+    ``test_normal``). An env with no such split is a ValueError: pass the split explicitly."""
+    inner = env.unwrapped
+    declared = getattr(inner, "eval_split", None)
+    if declared:
+        return str(declared)
+    splits = tuple(getattr(inner, "splits", ()))
+    for name in ("test", *(s for s in splits if s.startswith("test"))):
+        if name in splits:
+            return name
+    raise ValueError(
+        f"{type(inner).__name__} declares no held-out split (its splits: {list(splits)}); "
+        "name the split to evaluate (--split / eval_split), or give the env an eval_split "
+        "attribute"
+    )
+
+
+def eval_tasks(
+    env_id: str, split: str | None, max_tasks: int | None, env_kwargs: dict[str, Any] | None
+) -> tuple[str, list[str]]:
+    """The split (None: the held-out one) and its first ``max_tasks`` task ids."""
+    env = make_text_env(env_id, **(env_kwargs or {}))
+    try:
+        split = held_out_split(env) if split is None else split
+        tasks = task_ids_of(env, split)
+    finally:
+        env.close()
+    tasks = tasks[:max_tasks] if max_tasks is not None else tasks
+    if not tasks:
+        raise ValueError(f"env {env_id!r} has no tasks in split {split!r}")
+    return split, tasks
+
+
 @dataclass
 class EvalResult:
     summary: dict[str, Any]
@@ -57,15 +96,10 @@ def evaluate_policy(
     """Roll out ``samples`` episodes of every task of the split (no early stopping).
 
     Success is the env's ``info["success"]`` (AppWorld: all tests pass; math: correct answer).
-    Reports ``pass@1`` (mean success over all samples) and ``pass@k`` for k = ``samples``.
+    Reports ``split``, ``pass@1`` (mean success over all samples, also as ``accuracy``) and
+    ``pass@k`` for k = ``samples``. ``split=None`` is the env's held-out split.
     """
-    env = make_text_env(env_id, **(env_kwargs or {}))
-    tasks = task_ids_of(env, split)
-    env.close()
-    if max_tasks is not None:
-        tasks = tasks[:max_tasks]
-    if not tasks:
-        raise ValueError(f"env {env_id!r} has no tasks in split {split!r}")
+    split, tasks = eval_tasks(env_id, split, max_tasks, env_kwargs)
     episodes = collect_rollouts(
         env_id,
         tasks,
@@ -92,9 +126,11 @@ def evaluate_policy(
         for task in tasks
     ]
     summary = {
+        "split": split,
         "tasks": len(tasks),
         "samples": samples,
         "pass@1": mean_pass_at_k(correct, 1),
+        "accuracy": mean_pass_at_k(correct, 1),
         f"pass@{samples}": mean_pass_at_k(correct, samples),
         "reward_mean": sum(e.reward for e in episodes) / max(len(episodes), 1),
     }

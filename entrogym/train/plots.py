@@ -207,35 +207,3 @@ def plot_runs(
         _save(accuracy_vs_entropy_figure(runs), out / "accuracy_vs_cumulative_entropy.png")
     )
     return written
-
-
-def cli(argv: list[str]) -> int:
-    """``entrogym plot RUN [RUN ...] [--out DIR] [--metric NAME] [--split NAME]``."""
-    from jsonargparse import ActionConfigFile, ArgumentParser
-
-    parser = ArgumentParser(
-        prog="entrogym plot",
-        description="Draw the paper's Figure 1 panels (entropy, accuracy, accuracy vs "
-        "cumulative entropy) from run folders into PNG files.",
-    )
-    parser.add_argument("--config", action=ActionConfigFile, help="YAML file with the options")
-    parser.add_argument("runs", nargs="+", type=str, help="run folders (holding metrics.jsonl)")
-    parser.add_argument(
-        "--out", type=str | None, default=None, help="output folder (default: first run)"
-    )
-    parser.add_argument(
-        "--metric",
-        type=str | None,
-        default=None,
-        help=f"eval-row field plotted as accuracy (default: first of {list(ACCURACY_FIELDS)})",
-    )
-    parser.add_argument("--split", type=str | None, default=None, help="eval split to plot")
-    args = parser.parse_args(argv)
-    try:
-        paths = plot_runs(args.runs, args.out or args.runs[0], metric=args.metric, split=args.split)
-    except ValueError as exc:
-        print(f"entrogym plot: {exc}", file=sys.stderr)
-        return 2
-    for p in paths:
-        print(p)
-    return 0

@@ -12,11 +12,9 @@ from collections.abc import Iterable
 
 import torch
 
-DTYPES: dict[str, torch.dtype] = {
-    "fp32": torch.float32,
-    "bf16": torch.bfloat16,
-    "fp16": torch.float16,
-}
+from entrogym.dtypes import DTYPE_NAMES, torch_dtype
+
+DTYPES: dict[str, torch.dtype] = {name: torch_dtype(name) for name in DTYPE_NAMES}
 _ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
 
 

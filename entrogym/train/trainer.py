@@ -21,7 +21,7 @@ from entrogym.agents.engines import Engine, SamplingParams, make_engine
 from entrogym.agents.episode import Episode
 from entrogym.agents.mismatch import sampler_mismatch
 from entrogym.agents.rollout import collect_rollouts
-from entrogym.algos import UpdateBatch, get_algorithm, make_control, policy_update
+from entrogym.algos import UpdateBatch, make_control, policy_update
 from entrogym.atomic import atomic_write_text
 from entrogym.envs.base import make_text_env, task_ids_of
 from entrogym.train import distributed as dd
@@ -65,7 +65,7 @@ class Trainer:
         trainer starts the one ``cfg`` names and closes it at the end."""
         self.cfg = cfg
         self.ranks = dd.setup_ranks()
-        self.algo = get_algorithm(cfg.algo, **cfg.algo_overrides)
+        self.algo = cfg.algorithm()
         self.run_dir = Path(cfg.out)
         self._check_run_dir()
         random.seed(cfg.seed)
@@ -115,12 +115,7 @@ class Trainer:
         self.engine, self._owns_engine = engine, engine is None
         if self.ranks.main and engine is None:
             self.engine = make_engine(
-                cfg.engine,
-                cfg.model,
-                dtype=cfg.engine_dtype,
-                max_model_len=cfg.max_context_tokens,
-                urls=cfg.engine_urls or None,
-                seed=cfg.seed,
+                cfg.engine, cfg.model, **cfg.engine_kwargs(seed=cfg.seed, lora_rank=cfg.lora_rank)
             )
         if resume_from is not None:
             self._restore_training_state(resume_from)

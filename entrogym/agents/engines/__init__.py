@@ -11,7 +11,7 @@ kind                      what runs
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, get_args
 
 from entrogym.agents.engines.base import (
     Completion,
@@ -21,10 +21,12 @@ from entrogym.agents.engines.base import (
     check_adapter,
 )
 
-ENGINE_KINDS = ("vllm", "vllm-server", "hf")
+EngineKind = Literal["vllm", "vllm-server", "hf"]
+ENGINE_KINDS = get_args(EngineKind)
 
 __all__ = [
     "ENGINE_KINDS",
+    "EngineKind",
     "Completion",
     "Engine",
     "EngineDied",
@@ -42,6 +44,8 @@ def make_engine(
     max_model_len: int = 4096,
     urls: list[str] | None = None,
     seed: int = 0,
+    request_timeout: float = 600.0,
+    max_lora_rank: int = 16,
     **kwargs: Any,
 ) -> Engine:
     """Start an engine of ``kind`` for ``model`` (a built-in name, local folder or hub id).
@@ -61,11 +65,13 @@ def make_engine(
     if kind == "vllm":
         from entrogym.agents.engines.vllm_engine import VLLMEngine
 
-        return VLLMEngine(model, **common)
+        return VLLMEngine(model, max_lora_rank=max_lora_rank, **common)
     if kind == "vllm-server":
         from entrogym.agents.engines.vllm_server import VLLMServerEngine
 
-        return VLLMServerEngine(model, urls=urls, **common)
+        return VLLMServerEngine(
+            model, urls=urls, request_timeout=request_timeout, max_lora_rank=max_lora_rank, **common
+        )
     from entrogym.agents.engines.hf import HFEngine
 
     return HFEngine(model, **common)

@@ -1,0 +1,103 @@
+"""The rollout settings ``train``, ``eval`` and the demo share: model, engine, sampling, budgets.
+
+``TrainConfig`` and the eval command's config extend :class:`AgentConfig`, so every command
+spells these options the same way (``--engine hf --engine-dtype fp32 --engine-urls URL ...``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from entrogym.agents.engines import ENGINE_KINDS, EngineKind
+from entrogym.dtypes import DTYPE_NAMES, DTypeName
+
+TURN_BUDGET_RULES = ("truncate", "step")
+
+
+@dataclass
+class AgentConfig:
+    """How the policy is served and prompted.
+
+    Args:
+        model: built-in model name, local Hugging Face folder, or hub id.
+        engine: rollout engine: ``vllm`` (in-process), ``vllm-server`` (``engine_urls``), ``hf``.
+        engine_urls: base URLs of running ``vllm serve`` instances (``vllm-server`` engine).
+        engine_dtype: dtype of the rollout engine's weights (fp32, bf16 or fp16).
+        request_timeout: seconds one request to a ``vllm serve`` may take before it is retried.
+        max_lora_rank: largest LoRA rank the vLLM engines accept (None = the run's lora_rank).
+        max_response_tokens: per-turn generation budget (paper: 4096 for AIME).
+        max_context_tokens: whole-episode context limit (paper: 32K for AppWorld).
+        on_turn_budget: a turn that hits ``max_response_tokens``: ``truncate`` ends the episode
+            as a failure (the paper's rule), ``step`` hands the cut text to the env and goes on.
+        temperature: sampling temperature of rollouts.
+        system_prompt: system message for the agent (None = the env's / template's default).
+    """
+
+    model: str = "smollm2-135m-instruct"
+    engine: EngineKind = "vllm"
+    engine_urls: list[str] = field(default_factory=list)
+    engine_dtype: DTypeName = "bf16"
+    request_timeout: float = 600.0
+    max_lora_rank: int | None = None
+    max_response_tokens: int = 256
+    max_context_tokens: int = 4096
+    on_turn_budget: Literal["truncate", "step"] = "truncate"
+    temperature: float = 1.0
+    system_prompt: str | None = None
+
+    def __post_init__(self) -> None:
+        self.check_agent()
+
+    def check_agent(self) -> None:
+        """Reject bad values with a ValueError naming the option."""
+        if self.engine not in ENGINE_KINDS:
+            raise ValueError(f"engine must be one of {list(ENGINE_KINDS)}, got {self.engine!r}")
+        if self.engine_dtype not in DTYPE_NAMES:
+            raise ValueError(
+                f"engine_dtype must be one of {list(DTYPE_NAMES)}, got {self.engine_dtype!r}"
+            )
+        if self.engine_urls and self.engine != "vllm-server":
+            raise ValueError(
+                f"engine_urls is for the vllm-server engine, not {self.engine!r}; "
+                "add --engine vllm-server or drop the URLs"
+            )
+        if not self.request_timeout > 0:
+            raise ValueError(f"request_timeout must be > 0 seconds, got {self.request_timeout}")
+        if self.max_lora_rank is not None and self.max_lora_rank < 1:
+            raise ValueError(f"max_lora_rank must be >= 1 or None, got {self.max_lora_rank}")
+        for name in ("max_response_tokens", "max_context_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_response_tokens > self.max_context_tokens:
+            raise ValueError(
+                f"max_response_tokens ({self.max_response_tokens}) exceeds max_context_tokens "
+                f"({self.max_context_tokens}); raise the context or lower the response budget"
+            )
+        if self.on_turn_budget not in (*TURN_BUDGET_RULES, None):  # None: the env's rule (eval)
+            raise ValueError(
+                f"on_turn_budget must be one of {list(TURN_BUDGET_RULES)}, "
+                f"got {self.on_turn_budget!r}"
+            )
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+
+    def engine_kwargs(self, seed: int = 0, lora_rank: int | None = None) -> dict[str, Any]:
+        """Keyword arguments of ``make_engine(self.engine, self.model, **...)``."""
+        return {
+            "dtype": self.engine_dtype,
+            "max_model_len": self.max_context_tokens,
+            "urls": self.engine_urls or None,
+            "seed": seed,
+            "request_timeout": self.request_timeout,
+            "max_lora_rank": self.max_lora_rank or lora_rank or 16,
+        }
+
+    def agent_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``LLMAgent.from_model(self.model, **...)``."""
+        return {
+            "system_prompt": self.system_prompt,
+            "max_turn_tokens": self.max_response_tokens,
+            "max_context": self.max_context_tokens,
+            "on_turn_budget": self.on_turn_budget,
+        }

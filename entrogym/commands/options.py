@@ -1,0 +1,208 @@
+"""The one way every ``entrogym`` command reads its options.
+
+A command's options are a dataclass; :func:`make_parser` turns it into a jsonargparse parser
+(with ``--config FILE.yaml``), :func:`parse_options` turns ``argv`` into an instance of it, and
+:func:`run_command` reports bad input as one line with exit code 2. Spellings accepted on the
+command line, whatever the field is called:
+
+- ``--tasks-per-iter 8`` and ``--tasks_per_iter 8`` (``--help`` shows the dashed spelling);
+- a bare boolean flag ``--resume`` as well as ``--resume true`` / ``--resume false``;
+- a list as several words ``--engine-urls URL1 URL2`` or as one ``"[URL1, URL2]"``;
+- a preset by name, ``--algo repo-r``, next to its nested knobs ``--algo.zeta-max 0.5``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import typing
+from collections.abc import Callable, Iterable
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from jsonargparse import ActionConfigFile, ArgumentParser
+from jsonargparse._actions import _ActionConfigLoad
+
+BOOL_WORDS = frozenset({"true", "false", "yes", "no", "True", "False", "1", "0"})
+_OPTION = re.compile(r"--[A-Za-z0-9_.]+")
+
+
+class CommandParser(ArgumentParser):
+    """A jsonargparse parser whose help and usage show options with dashes (``--max-tasks``)."""
+
+    def format_help(self) -> str:
+        return _dashed(super().format_help())
+
+    def format_usage(self) -> str:
+        return _dashed(super().format_usage())
+
+
+def _dashed(text: str) -> str:
+    return _OPTION.sub(lambda m: "--" + m.group(0)[2:].replace("_", "-"), text)
+
+
+class _PresetOrConfig(_ActionConfigLoad):
+    """The ``--algo`` group: a bare word is the preset's name, anything else is a mapping."""
+
+    def _load_config(self, value: Any, parser: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            if text and text[0] not in "{[" and not Path(text).is_file() and ":" not in text:
+                value = json.dumps({"name": text})
+        return super()._load_config(value, parser)
+
+
+def make_parser(
+    prog: str,
+    description: str,
+    config_cls: type | None = None,
+    preset_groups: Iterable[str] = ("algo",),
+    skip: Iterable[str] = (),
+    positionals: Iterable[str] = (),
+) -> CommandParser:
+    """A parser for ``config_cls``'s fields (its docstring's ``Args:`` are the help texts);
+    the fields named in ``positionals`` are positional arguments (a list one takes 1 or more)."""
+    parser = CommandParser(prog=prog, description=description, exit_on_error=False)
+    parser.add_argument(
+        "--config", action=ActionConfigFile, help="YAML file with any of the options"
+    )
+    if config_cls is not None:
+        positionals = tuple(positionals)
+        _add_positionals(parser, config_cls, positionals)
+        parser.add_class_arguments(
+            config_cls,
+            nested_key=None,
+            fail_untyped=True,
+            skip=set(skip) | set(positionals) or None,
+        )
+    for action in parser._actions:
+        hint = _typehint(action)
+        if hint is not None and _is_list(hint) and action.option_strings:
+            # normalise_argv turns several words into the list, so show that spelling
+            word = "URL" if "url" in action.dest else action.dest.upper().rstrip("S")
+            action.metavar = f"{word} [{word} ...]"
+        if isinstance(action, _ActionConfigLoad) and action.dest in set(preset_groups):
+            action.__class__ = _PresetOrConfig
+            action.metavar = "NAME"
+            action.help = "preset name (its knobs are the options below)"
+    return parser
+
+
+def _add_positionals(parser: ArgumentParser, config_cls: type, names: tuple[str, ...]) -> None:
+    import docstring_parser
+
+    hints = typing.get_type_hints(config_cls)
+    docs = {p.arg_name: p.description for p in docstring_parser.parse(config_cls.__doc__).params}
+    for name in names:
+        hint = hints[name]
+        if typing.get_origin(hint) is list:
+            parser.add_argument(name, type=typing.get_args(hint)[0], nargs="+", help=docs.get(name))
+        else:
+            parser.add_argument(name, type=hint, help=docs.get(name))
+
+
+def _typehint(action: Any) -> Any:
+    return getattr(action, "_typehint", None)
+
+
+def _is_list(hint: Any) -> bool:
+    if typing.get_origin(hint) is list:
+        return True
+    return any(typing.get_origin(a) is list for a in typing.get_args(hint))
+
+
+def _walk(parser: ArgumentParser) -> Iterable[Any]:
+    for action in parser._actions:
+        yield action
+        for sub in (getattr(action, "choices", None) or {}).values():
+            if isinstance(sub, ArgumentParser):
+                yield from _walk(sub)
+
+
+def option_kinds(parser: ArgumentParser) -> tuple[set[str], set[str], set[str]]:
+    """(every ``--option`` name, the boolean ones, the list-valued ones) of ``parser``."""
+    names, bools, lists = set(), set(), set()
+    for action in _walk(parser):
+        for opt in action.option_strings:
+            if not opt.startswith("--"):
+                continue
+            names.add(opt)
+            hint = _typehint(action)
+            if hint is bool or type(action).__name__ == "ActionYesNo":
+                bools.add(opt)
+            elif hint is not None and _is_list(hint):
+                lists.add(opt)
+    return names, bools, lists
+
+
+def normalise_argv(parser: ArgumentParser, argv: list[str]) -> list[str]:
+    """Rewrite ``argv`` into the spellings jsonargparse takes (see the module docstring)."""
+    names, bools, lists = option_kinds(parser)
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        i += 1
+        if not token.startswith("--") or token == "--":
+            out.append(token)
+            continue
+        opt, eq, value = token.partition("=")
+        underscored = "--" + opt[2:].replace("-", "_")
+        opt = underscored if underscored in names else opt
+        if opt in bools and not eq:
+            if i < len(argv) and argv[i] in BOOL_WORDS:
+                value, i = argv[i], i + 1
+            else:
+                value = "true"  # a bare flag
+            eq = "="
+        elif opt in lists and not eq:
+            words = []
+            while i < len(argv) and not argv[i].startswith("--"):
+                words.append(argv[i])
+                i += 1
+            # one word may already be a YAML/JSON list ("[a, b]"); several are the list itself
+            value = words[0] if len(words) == 1 and words[0].startswith("[") else json.dumps(words)
+            eq = "="
+        out.append(opt + eq + value)
+    return out
+
+
+def config_from(namespace: Any, config_cls: type) -> Any:
+    """An instance of the dataclass ``config_cls`` from a parsed namespace."""
+    values = namespace.as_dict() if hasattr(namespace, "as_dict") else dict(namespace)
+    return config_cls(**{f.name: values[f.name] for f in fields(config_cls) if f.name in values})
+
+
+def parse_namespace(parser: ArgumentParser, argv: list[str]) -> Any:
+    """Parse ``argv`` (normalised); a parse error is a ValueError with jsonargparse's message."""
+    try:
+        return parser.parse_args(normalise_argv(parser, argv))
+    except Exception as exc:  # jsonargparse raises ArgumentError / TypeError subclasses
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise ValueError(" ".join(_dashed(str(exc)).split())) from exc
+
+
+def parse_options(parser: ArgumentParser, argv: list[str], config_cls: type) -> Any:
+    """``config_cls`` from ``argv``: bad options or values raise ValueError."""
+    if not is_dataclass(config_cls):
+        raise TypeError(f"{config_cls!r} is not a dataclass")
+    try:
+        return config_from(parse_namespace(parser, argv), config_cls)
+    except TypeError as exc:  # a dataclass refusing a value
+        raise ValueError(str(exc)) from exc
+
+
+def run_command(prog: str, body: Callable[[], int], interrupted: str | None = None) -> int:
+    """Run a command's body: a ValueError (bad input) is one line on stderr and exit code 2;
+    Ctrl-C prints ``interrupted`` (what to do next) and exits 130, without a traceback."""
+    try:
+        return int(body() or 0)
+    except ValueError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\n{prog}: {interrupted or 'interrupted'}", file=sys.stderr)
+        return 130

@@ -1,0 +1,110 @@
+"""Checks a command runs before it loads any model: each bad input is one ValueError line.
+
+An unknown env id, a model that is neither a built-in, a folder nor a hub id, an ``--out`` that
+is a file or cannot be written, and an unwritable ``$ENTROGYM_CACHE`` all fail here in well
+under a second instead of after the model has loaded.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def check_env_id(env_id: str, option: str = "env") -> None:
+    """``env_id`` is registered (``module:id`` imports ``module`` first, as gymnasium.make does)."""
+    import gymnasium as gym
+
+    import entrogym  # noqa: F401  (registers the built-in ids)
+    from entrogym.envs import BUILTIN_ENV_IDS
+
+    module, _, name = env_id.rpartition(":")
+    if module:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ValueError(
+                f"{option} {env_id!r}: cannot import module {module!r} ({exc}); put it on "
+                "PYTHONPATH or install it"
+            ) from exc
+    try:
+        gym.spec(name)
+    except gym.error.Error as exc:
+        raise ValueError(
+            f"{option} {env_id!r} is not a registered env ({exc}); built-in ids: "
+            f"{', '.join(BUILTIN_ENV_IDS)}"
+        ) from exc
+
+
+def check_model(model: str, served: bool = False) -> None:
+    """``model`` is a built-in name, a Hugging Face folder or an ``org/name`` hub id (a served
+    model, ``--engine-urls``, is whatever name the server gives it)."""
+    from entrogym.models import BUILTIN_MODELS
+
+    if served or model in BUILTIN_MODELS:
+        return
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(
+                f"model folder {model!r} has no config.json (not a Hugging Face model)"
+            )
+        return
+    if _HUB_ID.match(model) and not model.startswith((".", "/", "~")):
+        return
+    raise ValueError(
+        f"model {model!r} is neither a built-in ({', '.join(BUILTIN_MODELS)}), an existing "
+        "Hugging Face folder, nor a hub id 'org/name'"
+    )
+
+
+def _nearest_existing(path: Path) -> Path:
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_writable_dir(path: str | os.PathLike, option: str) -> None:
+    """``path`` is a folder (or can become one) that this user can write."""
+    folder = Path(path).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{option} {str(path)!r} is a file, not a folder; pass a folder")
+    existing = _nearest_existing(folder)
+    if not existing.is_dir():
+        raise ValueError(f"{option} {str(path)!r}: {str(existing)!r} is a file, not a folder")
+    # A real write, not os.access: root passes os.access everywhere, even where writes fail.
+    try:
+        probe = tempfile.mkdtemp(prefix=".entrogym-write-check-", dir=existing)
+    except OSError as exc:
+        raise ValueError(
+            f"{option} {str(path)!r}: cannot write in {str(existing)!r} ({exc.strerror})"
+        ) from exc
+    os.rmdir(probe)
+
+
+def check_cache() -> None:
+    """The model cache (``$ENTROGYM_CACHE``) can be written: built-in models are prepared and
+    locked there."""
+    from entrogym.models import default_cache_dir
+
+    check_writable_dir(default_cache_dir(), "ENTROGYM_CACHE")
+
+
+def check_run_inputs(config: Any) -> None:
+    """Everything of a ``TrainConfig`` that can be checked without loading a model."""
+    from entrogym.models import BUILTIN_MODELS
+
+    check_env_id(config.env, "env")
+    if config.eval_env is not None:
+        check_env_id(config.eval_env, "eval_env")
+    check_model(config.model, served=bool(config.engine_urls))
+    check_writable_dir(config.out, "out")
+    if config.model in BUILTIN_MODELS and not config.engine_urls:
+        check_cache()

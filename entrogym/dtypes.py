@@ -1,0 +1,28 @@
+"""Dtype names: the one list every config, engine and trainer option takes.
+
+``fp16`` is valid for the trainer (with loss scaling) and for the vLLM engines; the ``hf``
+engine takes any of the three.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal, get_args
+
+if TYPE_CHECKING:
+    import torch
+
+DTypeName = Literal["fp32", "bf16", "fp16"]
+DTYPE_NAMES: tuple[str, ...] = get_args(DTypeName)
+_TORCH_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The ``torch.dtype`` of a dtype name (ValueError naming the valid ones otherwise).
+
+    torch is imported here, not at the top, so that configs and commands can name dtypes (and
+    reject bad input) without paying for importing torch."""
+    if name not in _TORCH_NAMES:
+        raise ValueError(f"dtype must be one of {list(DTYPE_NAMES)}, got {name!r}")
+    import torch
+
+    return getattr(torch, _TORCH_NAMES[name])
