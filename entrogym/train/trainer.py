@@ -11,6 +11,7 @@ import random
 import sys
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -201,7 +202,7 @@ class Trainer:
             load_adapter_into(self.policy, self.cfg.init_adapter, base_model=self.cfg.model)
         if not self.cfg.resume:
             return None, None
-        for ckpt in intact_checkpoints(self.run_dir) if newest is not None else ():
+        for ckpt in _newest_first(self.run_dir, newest):
             try:
                 state = load_checkpoint(
                     ckpt,
@@ -483,6 +484,15 @@ def _algorithm(cfg: TrainConfig) -> AlgorithmConfig:
     if hasattr(cfg, "algorithm"):
         return cfg.algorithm()
     return get_algorithm(cfg.algo, **cfg.algo_overrides)
+
+
+def _newest_first(run_dir: Path, newest: Path | None) -> Iterator[Path]:
+    """``newest`` (already verified), then the older intact checkpoints, verified only if
+    asked for (when loading ``newest`` fails)."""
+    if newest is None:
+        return
+    yield newest
+    yield from (c for c in intact_checkpoints(run_dir) if c.name < newest.name)
 
 
 def _seed_everything(seed: int) -> None:
