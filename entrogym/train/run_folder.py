@@ -149,10 +149,13 @@ class RunLock:
 
 
 def _read_yaml(path: Path) -> Any:
+    """The YAML in ``path``; None if there is no such file; RunFolderError if unreadable."""
     try:
         return yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
+    except FileNotFoundError:
         return None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise RunFolderError(f"{path} is unreadable ({exc}); fix or restore it") from exc
 
 
 def is_entrogym_run(run_dir: str | os.PathLike[str]) -> bool:
@@ -160,7 +163,10 @@ def is_entrogym_run(run_dir: str | os.PathLike[str]) -> bool:
     run_dir = Path(run_dir)
     if (run_dir / MARKER_FILE).is_file():
         return True
-    config = _read_yaml(run_dir / CONFIG_FILE)
+    try:
+        config = _read_yaml(run_dir / CONFIG_FILE)
+    except RunFolderError:
+        return False
     has_config = isinstance(config, dict) and {"env", "model", "algo"} <= config.keys()
     has_layout = (run_dir / "checkpoints").is_dir() or (run_dir / ADAPTERS_DIR).is_dir()
     return has_config and has_layout
@@ -231,6 +237,10 @@ def config_differences(saved: dict[str, Any], new: dict[str, Any]) -> dict[str, 
     for key in sorted((saved.keys() | new.keys()) - _NOT_COMPARED):
         if key in saved and key in new and saved[key] != new[key]:
             diffs[key] = [saved[key], new[key]]
+    # A resume may not name init_adapter (the weights come from the checkpoint): its absence
+    # means "as the run started", not a change.
+    if new.get("init_adapter") is None:
+        diffs.pop("init_adapter", None)
     return diffs
 
 
@@ -288,17 +298,17 @@ def open_run_folder(run_dir: str | os.PathLike[str], config: dict[str, Any], *, 
     be used, :class:`RunFolderBusy` when another process writes it. Nothing is written before
     the checks pass; the marker is written first, then the lock is taken."""
     run_dir = Path(run_dir)
-    has_run = _check_usable(run_dir, resume)
+    _check_usable(run_dir, resume)  # read-only: a refused folder is left as it was
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         if not (run_dir / MARKER_FILE).is_file():
             _write_marker(run_dir)
         lock = RunLock(run_dir)
     except OSError as exc:
-        if isinstance(exc, RunFolderBusy):
-            raise
         raise RunFolderError(f"--out {run_dir} is not writable ({exc})") from exc
     try:
+        has_run = _check_usable(run_dir, resume)  # again under the lock: a writer may have
+        # finished a run here between the first check and the lock
         saved = _read_yaml(run_dir / CONFIG_FILE) if has_run else None
         if saved is not None and not isinstance(saved, dict):
             raise RunFolderError(f"{run_dir / CONFIG_FILE} is not a mapping; fix or remove it")

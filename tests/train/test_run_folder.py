@@ -103,6 +103,13 @@ def test_both_algo_forms_resolve_to_the_same_preset():
     assert other["algo"][0] == {"zeta_max": [0.5, 0.25]}
 
 
+def test_resuming_a_sequential_run_does_not_count_init_adapter_as_a_change():
+    saved = {"algo": "grpo", "init_adapter": "runs/first", "lr": 5e-5}
+    assert config_differences(saved, {"algo": "grpo", "init_adapter": None, "lr": 5e-5}) == {}
+    other = config_differences(saved, {"algo": "grpo", "init_adapter": "runs/other", "lr": 5e-5})
+    assert other == {"init_adapter": ["runs/first", "runs/other"]}
+
+
 def test_resume_with_another_experiment_is_refused_listing_the_differences(
     tmp_path, no_model_loads
 ):
@@ -178,3 +185,12 @@ def test_adapter_folders_stay_bounded(tmp_path):
     assert sorted(p.name for p in root.iterdir()) == ["v000048"]
     with pytest.raises(ValueError, match="keep"):
         prune_adapters(tmp_path, 3, keep=0)
+
+
+def test_unreadable_config_yaml_is_refused_not_overwritten(tmp_path, no_model_loads):
+    cfg = _finished_run(tmp_path, iterations=3)
+    config = tmp_path / "run" / "config.yaml"
+    config.write_text("env: [unclosed\n")
+    with pytest.raises(RunFolderError, match="config.yaml is unreadable"):
+        train(TrainConfig(out=cfg.out, resume=True, iterations=6, **SMALL))
+    assert config.read_text() == "env: [unclosed\n"
