@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -100,8 +101,8 @@ def _holder_message(path: Path, pid_text: str) -> str:
     elif _pid_alive(pid):
         who = f"another entrogym process (pid {pid})"
     else:
-        # flock locks are shared with forked children: a leftover worker keeps it held.
-        who = f"a child process left behind by pid {pid} (which has exited)"
+        # Another program that forked while holding it (entrogym's children drop it).
+        who = f"a process left behind by pid {pid} (which has exited)"
     return (
         f"run folder {path} is in use by {who}: only one trainer may write a run folder. "
         "Wait for it to finish (or stop it), or pass another --out."
@@ -116,6 +117,23 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+# Locks this process holds. A flock belongs to the open file, which forked children share:
+# a child that outlived a killed trainer would keep the folder locked. Children close their
+# copy at fork (never LOCK_UN, which would unlock the parent's too).
+_HELD: weakref.WeakSet[RunLock] = weakref.WeakSet()
+
+
+def _drop_locks_in_child() -> None:
+    for lock in list(_HELD):
+        fd, lock._fd = lock._fd, None
+        if fd is not None:
+            os.close(fd)
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_drop_locks_in_child)
 
 
 class RunLock:
@@ -133,6 +151,7 @@ class RunLock:
             raise RunFolderBusy(_holder_message(Path(run_dir), holder)) from None
         os.ftruncate(self._fd, 0)
         os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
+        _HELD.add(self)
 
     @property
     def held(self) -> bool:
@@ -143,6 +162,7 @@ class RunLock:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+            _HELD.discard(self)
 
 
 # ----------------------------------------------------------------------------- recognising runs

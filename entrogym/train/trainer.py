@@ -6,6 +6,7 @@ no math of its own; every formula is a named function in ``entrogym.algos``.
 
 from __future__ import annotations
 
+import os
 import pickle
 import random
 import sys
@@ -131,7 +132,7 @@ class Trainer:
         the checkpoint to resume. Raises NothingToDo when that checkpoint already covers
         ``iterations``. Every rank gets the checkpoint path (shared filesystem)."""
 
-        def open_folder() -> str | None:
+        def open_folder() -> tuple[str, str | None]:
             self.folder = open_run_folder(self.run_dir, self.cfg.to_dict(), resume=self.cfg.resume)
             try:
                 ckpt = latest_checkpoint(self.run_dir) if self.cfg.resume else None
@@ -140,15 +141,18 @@ class Trainer:
                 raise
             if ckpt is not None and read_meta(ckpt)["iteration"] + 1 >= self.cfg.iterations:
                 self.folder.release()
-                raise NothingToDo(
+                return "done", (
                     f"entrogym train: {self.run_dir} already has checkpoint {ckpt.name}, which "
                     f"covers iterations={self.cfg.iterations}; nothing to do (pass a larger "
                     "--iterations to train on)"
                 )
-            return None if ckpt is None else str(ckpt)
+            return "resume", None if ckpt is None else str(ckpt)
 
-        found = dd.on_main(open_folder, self.ranks)
-        return None if found is None else Path(found)
+        # Every rank learns the outcome, so a torchrun group stops together.
+        outcome, value = dd.on_main(open_folder, self.ranks)
+        if outcome == "done":
+            raise NothingToDo(value)
+        return None if value is None else Path(value)
 
     def _task_ids(self) -> list[str]:
         env = make_text_env(self.cfg.env, **self.cfg.env_kwargs)
@@ -522,7 +526,8 @@ def train(cfg: TrainConfig) -> Path:
     try:
         trainer = Trainer(cfg)
     except NothingToDo as done:
-        print(done, flush=True)
+        if not dd.launched_by_torchrun() or int(os.environ.get("RANK", "0")) == 0:
+            print(done, flush=True)
         return Path(cfg.out)
     try:
         trainer.fit()

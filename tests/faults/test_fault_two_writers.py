@@ -79,3 +79,30 @@ def test_second_trainer_fails_fast_before_loading_a_model(tmp_path):
     assert "resuming" not in done.stdout and not (run / "metrics.jsonl").exists()
     assert not (run / "adapters").exists()  # refused before the policy was built
     assert elapsed < 120  # interpreter start and imports only (a loaded 2-core box)
+
+
+FORK_THEN_HOLD = (
+    "import os, sys, time; from entrogym.train.run_folder import RunLock; "
+    "lock = RunLock(sys.argv[1]); child = os.fork()\n"
+    "if child == 0: time.sleep(600); os._exit(0)\n"
+    "print(child, flush=True); time.sleep(600)"
+)
+
+
+def test_forked_child_of_a_killed_trainer_does_not_keep_the_folder_locked(tmp_path):
+    p = subprocess.Popen(
+        [sys.executable, "-c", FORK_THEN_HOLD, str(tmp_path)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    child = int(p.stdout.readline())
+    try:
+        with pytest.raises(RunFolderBusy, match=f"pid {p.pid}"):
+            RunLock(tmp_path)
+        os.kill(p.pid, signal.SIGKILL)  # the trainer dies; its forked worker lives on
+        p.wait()
+        os.kill(child, 0)  # still alive
+        RunLock(tmp_path).release()  # yet the folder is free
+    finally:
+        os.kill(child, signal.SIGKILL)
