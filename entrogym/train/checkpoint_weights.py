@@ -32,6 +32,7 @@ def _is_peft(model: torch.nn.Module) -> bool:
 def save_weights(
     model: torch.nn.Module, folder: Path, weights: dict[str, torch.Tensor] | None
 ) -> None:
+    """``folder/adapter``: peft format, or ``model.safetensors`` for a plain module."""
     if _is_peft(model):
         model.save_pretrained(str(folder / ADAPTER_DIR), state_dict=weights)
         return

@@ -63,7 +63,6 @@ RESUMABLE_FIELDS = frozenset(
         "eval_every",
         "eval_tasks",
         "eval_samples",
-        "engine",
         "engine_urls",
         "request_timeout",
         "threads",
@@ -264,8 +263,17 @@ def config_differences(saved: dict[str, Any], new: dict[str, Any]) -> dict[str, 
     return diffs
 
 
+# Engines with the same sampler in another place: in-process vLLM and ``vllm serve``.
+_SAME_SAMPLER = ({"vllm", "vllm-server"},)
+
+
 def refused_changes(diffs: dict[str, list[Any]]) -> dict[str, list[Any]]:
-    return {k: v for k, v in diffs.items() if k not in RESUMABLE_FIELDS}
+    """The differences a resume may not make (all but :data:`RESUMABLE_FIELDS` and a move
+    between engines that sample the same way)."""
+    refused = {k: v for k, v in diffs.items() if k not in RESUMABLE_FIELDS}
+    if "engine" in refused and any(set(refused["engine"]) <= same for same in _SAME_SAMPLER):
+        del refused["engine"]
+    return refused
 
 
 def _format_diffs(diffs: dict[str, list[Any]]) -> str:

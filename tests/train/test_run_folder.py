@@ -103,6 +103,17 @@ def test_both_algo_forms_resolve_to_the_same_preset():
     assert other["algo"][0] == {"zeta_max": [0.5, 0.25]}
 
 
+def test_engine_may_move_but_not_change_its_sampler():
+    from entrogym.train.run_folder import refused_changes
+
+    moved = config_differences(
+        {"algo": "grpo", "engine": "vllm"}, {"algo": "grpo", "engine": "vllm-server"}
+    )
+    assert moved and refused_changes(moved) == {}
+    other = config_differences({"algo": "grpo", "engine": "vllm"}, {"algo": "grpo", "engine": "hf"})
+    assert refused_changes(other) == {"engine": ["vllm", "hf"]}
+
+
 def test_resuming_a_sequential_run_does_not_count_init_adapter_as_a_change():
     saved = {"algo": "grpo", "init_adapter": "runs/first", "lr": 5e-5}
     assert config_differences(saved, {"algo": "grpo", "init_adapter": None, "lr": 5e-5}) == {}
