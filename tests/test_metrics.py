@@ -117,3 +117,32 @@ def test_progress_bar_is_silent_off_a_terminal(capsys):
     assert list(bar) == [0, 1, 2, 3, 4]
     assert bar.disable  # pytest's stderr is not a terminal: no bar in logs
     assert capsys.readouterr().err == ""
+
+
+def _strict(line: str) -> dict:
+    def refuse(token: str):
+        raise ValueError(f"non-standard JSON constant {token}")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+def test_non_finite_values_are_written_as_null_counted_and_warned(tmp_path):
+    with MetricsLogger(tmp_path, tensorboard=False) as log:
+        with pytest.warns(RuntimeWarning, match="sampler_mismatch is not finite"):
+            log.log({"iteration": 0, "sampler_mismatch": math.nan, "loss": 0.5}, step=0)
+        with pytest.warns(RuntimeWarning, match="timing/update_s"):
+            log.log(
+                {"iteration": 1, "sampler_mismatch": -math.inf, "timing": {"update_s": math.inf}},
+                step=1,
+            )
+        log.log({"iteration": 2, "sampler_mismatch": 0.25}, step=2)
+        assert log.nonfinite == {"sampler_mismatch": 2, "timing/update_s": 1}
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    rows = [_strict(line) for line in lines]  # a strict parser reads every line
+    assert rows[0]["sampler_mismatch"] is None and rows[0]["loss"] == 0.5
+    assert rows[0]["nonfinite_fields"] == ["sampler_mismatch"]
+    assert rows[1]["timing"] == {"update_s": None}
+    assert sorted(rows[1]["nonfinite_fields"]) == ["sampler_mismatch", "timing/update_s"]
+    assert rows[2]["sampler_mismatch"] == 0.25 and "nonfinite_fields" not in rows[2]
+    with pytest.raises(ValueError, match="NaN"):
+        _strict('{"x": NaN}')  # the parser above does reject what the old logger wrote

@@ -75,6 +75,9 @@ def test_every_preset_runs_two_iterations(algo, tmp_path):
     if preset.control == "adapo":
         assert rows[0]["eps_high"] == rows[1]["eps_high"] == 0.28
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "iter-000001"
+    # Adapter folders are pruned: the current version and the one before, not one per update.
+    assert sorted(p.name for p in (tmp_path / "adapters").iterdir()) == ["v000001", "v000002"]
+    assert (tmp_path / "entrogym-run.json").is_file() and (tmp_path / "config.yaml").is_file()
 
 
 def _run_cli(args: list[str]) -> subprocess.Popen:

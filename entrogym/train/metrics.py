@@ -2,7 +2,9 @@
 
 Rows carry ``"kind": "train"`` (one per iteration) or ``"kind": "eval"``. Every row is
 flushed and fsynced as it is written, so a ``kill -9`` can at most leave a torn last line,
-which the next :class:`MetricsLogger` drops. The number of complete rows (:attr:`rows`) is
+which the next :class:`MetricsLogger` drops. The file is strict JSON: a non-finite float
+(NaN, inf) is written as ``null``, counted in the row's ``nonfinite_fields`` and warned about
+once per field, never written as the non-standard ``NaN`` token. The number of complete rows (:attr:`rows`) is
 stored in each checkpoint; resuming truncates the file back to it, so the iterations after
 the checkpoint are logged again exactly once.
 """
@@ -91,6 +93,24 @@ def _numeric_items(row: dict[str, Any], prefix: str = "") -> Iterator[tuple[str,
             yield f"{prefix}{key}", float(value)
 
 
+def strict_json_row(row: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``row`` with every non-finite float (nested ones too) replaced by None, and the dotted
+    names of the fields that were replaced."""
+    bad: list[str] = []
+
+    def clean(value: Any, name: str) -> Any:
+        if isinstance(value, dict):
+            return {k: clean(v, f"{name}{k}/") for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [clean(v, f"{name}{i}/") for i, v in enumerate(value)]
+        if isinstance(value, float) and not math.isfinite(value):
+            bad.append(name.rstrip("/"))
+            return None
+        return value
+
+    return clean(row, ""), bad
+
+
 class MetricsLogger:
     """Append rows to ``RUN/metrics.jsonl`` and the same numeric scalars to ``RUN/tb/``.
 
@@ -112,6 +132,7 @@ class MetricsLogger:
             raise ValueError(f"resume_rows must be >= 0, got {resume_rows}")
         kept = self._open_existing(resume_rows)
         self.rows = len(kept)
+        self.nonfinite: dict[str, int] = {}  # field -> rows where it was NaN/inf (written null)
         self._fh = open(self.path, "ab")  # noqa: SIM115 (held open for the run)
         self._tb = None
         if tensorboard:
@@ -163,7 +184,8 @@ class MetricsLogger:
         row.setdefault("kind", "train")
         if row["kind"] not in ("train", "eval"):
             raise ValueError(f"row kind must be 'train' or 'eval', got {row['kind']!r}")
-        line = json.dumps(row, allow_nan=True) + "\n"
+        row = self._strict(row)
+        line = json.dumps(row, allow_nan=False) + "\n"
         self._fh.write(line.encode())  # one write: a kill leaves the whole line or a torn tail
         self._fh.flush()
         os.fsync(self._fh.fileno())
@@ -173,6 +195,23 @@ class MetricsLogger:
             for tag, value in _numeric_items(row):
                 self._tb.add_scalar(prefix + tag, value, global_step=int(step))
             self._tb.flush()
+
+    def _strict(self, row: dict[str, Any]) -> dict[str, Any]:
+        """Non-finite values become null (strict JSON), counted in the row and warned about
+        once per field; a reader can tell a missing value from a NaN one."""
+        row, bad = strict_json_row(row)
+        if bad:
+            row["nonfinite_fields"] = bad
+        for name in bad:
+            if name not in self.nonfinite:
+                warnings.warn(
+                    f"{self.path}: {name} is not finite (step {row['step']}); written as null "
+                    "(counted in the row's nonfinite_fields)",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+            self.nonfinite[name] = self.nonfinite.get(name, 0) + 1
+        return row
 
     def close(self) -> None:
         if not self._fh.closed:

@@ -6,15 +6,18 @@ no math of its own; every formula is a named function in ``entrogym.algos``.
 
 from __future__ import annotations
 
+import os
+import pickle
 import random
 import sys
 import time
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-import yaml
 
 from entrogym.agents.agent import LLMAgent
 from entrogym.agents.engines import Engine, SamplingParams, make_engine
@@ -22,14 +25,16 @@ from entrogym.agents.episode import Episode
 from entrogym.agents.mismatch import sampler_mismatch
 from entrogym.agents.rollout import collect_rollouts
 from entrogym.algos import UpdateBatch, make_control, policy_update
-from entrogym.atomic import atomic_write_text
 from entrogym.envs.base import make_text_env, task_ids_of
 from entrogym.train import distributed as dd
 from entrogym.train.batch import Batch, collate_episodes
 from entrogym.train.checkpoint import (
+    CheckpointWarning,
+    intact_checkpoints,
     latest_checkpoint,
     load_adapter_into,
     load_checkpoint,
+    read_meta,
     read_training_state,
     save_checkpoint,
     set_rng_state,
@@ -40,6 +45,13 @@ from entrogym.train.logprobs import sequence_logprobs, sequence_logprobs_and_ent
 from entrogym.train.metrics import MetricsLogger, progress
 from entrogym.train.policy import LoraSettings, load_policy, save_adapter, trainable_parameters
 from entrogym.train.precision import loss_scaler_for, resolve_dtype
+from entrogym.train.run_folder import (
+    NothingToDo,
+    RunFolder,
+    adapter_folder,
+    open_run_folder,
+    prune_adapters,
+)
 
 
 class TrainingStopped(RuntimeError):
@@ -62,22 +74,31 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, engine: Engine | None = None) -> None:
         """``engine``: a running rollout engine to share (its owner closes it); by default the
-        trainer starts the one ``cfg`` names and closes it at the end."""
+        trainer starts the one ``cfg`` names and closes it at the end.
+
+        Setup runs in small steps; the run-folder checks and its lock come first, so a wrong
+        ``--out`` or a second writer fails before any model loads."""
         self.cfg = cfg
         self.ranks = dd.setup_ranks()
-        self.algo = cfg.algorithm()
         self.run_dir = Path(cfg.out)
-        self._check_run_dir()
-        random.seed(cfg.seed)
-        np.random.seed(cfg.seed)
-        torch.manual_seed(cfg.seed)
+        self.folder: RunFolder | None = None
+        self.logger: MetricsLogger | None = None
+        self.engine, self._owns_engine = engine, engine is None
+        self.algo = cfg.algorithm()  # a bad preset is a config error: before the folder
+        resume_from = self._open_run_folder()
+        try:
+            self._setup(resume_from)
+        except BaseException:
+            self.close(barrier=False)
+            raise
 
-        env = make_text_env(cfg.env, **cfg.env_kwargs)
-        self.tasks = task_ids_of(env, cfg.split)
-        env.close()
-        if not self.tasks:
-            raise ValueError(f"env {cfg.env!r} has no tasks in split {cfg.split!r}")
-
+    def _setup(self, resume_from: Path | None) -> None:
+        cfg = self.cfg
+        self.start, self.cumulative_entropy, self.bad_steps, self.best = 0, 0.0, 0, -1.0
+        self.adapter: Path | None = None  # the current weights' adapter folder (engine input)
+        self._grad_norms: list[float] = []  # this iteration's pre-clip norms, filled by step()
+        _seed_everything(cfg.seed)
+        self.tasks = self._task_ids()
         self.policy = load_policy(
             cfg.model,
             dtype=cfg.dtype,
@@ -86,19 +107,67 @@ class Trainer:
         )
         self.scaler = loss_scaler_for(resolve_dtype(cfg.dtype))
         self.control = make_control(self.algo)
-        self.start, self.cumulative_entropy, self.bad_steps, self.best = 0, 0.0, 0, -1.0
-        self.adapter: Path | None = None  # the current weights' adapter folder (engine input)
-        self._grad_norms: list[float] = []  # this iteration's pre-clip norms, filled by step()
         # Weights load into the whole model, before FSDP2 shards it; the optimizer must be
         # built on the sharded parameters, so its state is restored after.
-        resume_from, resume_rows = self._restore_weights()
+        resume_from, resume_rows = self._restore_weights(resume_from)
+        self._build_optimizer()
+        self._build_agent()
+        self._start_engine()  # engines may seed torch: before a resume restores the RNGs
+        if resume_from is not None:
+            self._restore_training_state(resume_from)
+        if self.ranks.main:
+            self.logger = MetricsLogger(self.run_dir, resume_rows=resume_rows)
+            event = "start" if resume_from is None else "resume"
+            self.folder.record(event, self.cfg.to_dict(), from_iteration=self.start)
+
+    # ----- setup ----------------------------------------------------------------------------
+
+    def _open_run_folder(self) -> Path | None:
+        """Rank 0: check ``--out`` (a run of this experiment, or new), take its lock, and find
+        the checkpoint to resume. Raises NothingToDo when that checkpoint already covers
+        ``iterations``. Every rank gets the checkpoint path (shared filesystem)."""
+
+        def open_folder() -> tuple[str, str | None]:
+            self.folder = open_run_folder(self.run_dir, self.cfg.to_dict(), resume=self.cfg.resume)
+            try:
+                ckpt = latest_checkpoint(self.run_dir) if self.cfg.resume else None
+            except BaseException:
+                self.folder.release()
+                raise
+            if ckpt is not None and read_meta(ckpt)["iteration"] + 1 >= self.cfg.iterations:
+                self.folder.release()
+                return "done", (
+                    f"entrogym train: {self.run_dir} already has checkpoint {ckpt.name}, which "
+                    f"covers iterations={self.cfg.iterations}; nothing to do (pass a larger "
+                    "--iterations to train on)"
+                )
+            return "resume", None if ckpt is None else str(ckpt)
+
+        # Every rank learns the outcome, so a torchrun group stops together.
+        outcome, value = dd.on_main(open_folder, self.ranks)
+        if outcome == "done":
+            raise NothingToDo(value)
+        return None if value is None else Path(value)
+
+    def _task_ids(self) -> list[str]:
+        env = make_text_env(self.cfg.env, **self.cfg.env_kwargs)
+        tasks = task_ids_of(env, self.cfg.split)
+        env.close()
+        if not tasks:
+            raise ValueError(f"env {self.cfg.env!r} has no tasks in split {self.cfg.split!r}")
+        return tasks
+
+    def _build_optimizer(self) -> None:
         if self.ranks.distributed:
             from entrogym.train.fsdp import shard_policy
 
-            shard_policy(self.policy, param_dtype=cfg.dtype)
+            shard_policy(self.policy, param_dtype=self.cfg.dtype)
         self.optimizer = torch.optim.AdamW(
-            trainable_parameters(self.policy), lr=cfg.lr, weight_decay=cfg.weight_decay
+            trainable_parameters(self.policy), lr=self.cfg.lr, weight_decay=self.cfg.weight_decay
         )
+
+    def _build_agent(self) -> None:
+        cfg = self.cfg
         self.agent = LLMAgent.from_model(
             cfg.model,
             system_prompt=cfg.system_prompt,
@@ -111,54 +180,46 @@ class Trainer:
             "softmax_fix": cfg.softmax_fix,
             "bf16_round_logprobs": cfg.bf16_round_logprobs,
         }
-        # Engines may seed torch at start: start it before a resume restores the RNG states.
-        self.engine, self._owns_engine = engine, engine is None
-        if self.ranks.main and engine is None:
+
+    def _start_engine(self) -> None:
+        cfg = self.cfg
+        if self.ranks.main and self.engine is None:
             self.engine = make_engine(
                 cfg.engine, cfg.model, **cfg.engine_kwargs(seed=cfg.seed, lora_rank=cfg.lora_rank)
             )
-        if resume_from is not None:
-            self._restore_training_state(resume_from)
-        self.logger = None
-        if self.ranks.main:
-            self.logger = MetricsLogger(self.run_dir, resume_rows=resume_rows)
-            atomic_write_text(self.run_dir / "config.yaml", yaml.safe_dump(cfg.to_dict()))
 
-    # ----- setup ----------------------------------------------------------------------------
-
-    def _check_run_dir(self) -> None:
-        used = (self.run_dir / "metrics.jsonl").exists() or (self.run_dir / "checkpoints").exists()
-        if used and not self.cfg.resume:
-            raise ValueError(
-                f"run folder {self.run_dir} already holds a run; pass --resume to continue it "
-                "or --out NEW_DIR to start another"
-            )
-
-    def _restore_weights(self) -> tuple[Path | None, int | None]:
-        """Load --init-adapter, or the weights and trainer state of the latest complete
-        checkpoint (--resume). Returns that checkpoint (None if none) and the number of metrics
-        rows to keep (None = fresh run)."""
+    def _restore_weights(self, newest: Path | None) -> tuple[Path | None, int | None]:
+        """Load --init-adapter, or the weights and trainer state of the newest checkpoint that
+        loads (--resume; a damaged one falls back to the one before, with a warning). Returns
+        that checkpoint (None if none) and the number of metrics rows to keep (None = fresh)."""
         if self.cfg.init_adapter:
             load_adapter_into(self.policy, self.cfg.init_adapter, base_model=self.cfg.model)
         if not self.cfg.resume:
             return None, None
-        ckpt = latest_checkpoint(self.run_dir)
-        if ckpt is None:
-            self._say(f"entrogym train: no checkpoint in {self.run_dir}; starting from scratch")
-            return None, 0
-        state = load_checkpoint(
-            ckpt,
-            model=self.policy,
-            scaler=self.scaler,
-            base_model=self.cfg.model,
-            restore_rng=False,
-        )
+        for ckpt in _newest_first(self.run_dir, newest):
+            try:
+                state = load_checkpoint(
+                    ckpt,
+                    model=self.policy,
+                    scaler=self.scaler,
+                    base_model=self.cfg.model,
+                    restore_rng=False,
+                )
+            except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:
+                # Checkpoints written before checksums existed are checked by size only.
+                warnings.warn(f"ignoring checkpoint {ckpt}: {exc}", CheckpointWarning, 2)
+                continue
+            self._restore_counters(state)
+            self._say(f"entrogym train: resuming {self.run_dir} after iteration {self.start - 1}")
+            return ckpt, state["metrics_rows"]
+        self._say(f"entrogym train: no checkpoint in {self.run_dir}; starting from scratch")
+        return None, 0
+
+    def _restore_counters(self, state: dict[str, Any]) -> None:
         self.control.load_state_dict(state["control"])
         self.start = state["iteration"] + 1
         self.cumulative_entropy = state["cumulative_entropy"]
         self.bad_steps, self.best = state["bad_steps"], state["best"]
-        self._say(f"entrogym train: resuming {self.run_dir} after iteration {state['iteration']}")
-        return ckpt, state["metrics_rows"]
 
     def _restore_training_state(self, ckpt: Path) -> None:
         saved = read_training_state(ckpt)
@@ -203,11 +264,13 @@ class Trainer:
 
     def publish_adapter(self, version: int) -> None:
         """Write the current weights as ``adapters/vNNNNNN`` (one folder per version: engines
-        reload a new path) for the rollouts, evaluation and servers that follow."""
+        reload a new path) for the rollouts, evaluation and servers that follow, and drop the
+        versions no engine reads any more (checkpoints hold their own copy)."""
         weights = dd.gathered_adapter(self.policy, self.ranks)  # collective under torchrun
-        folder = self.run_dir / "adapters" / f"v{version:06d}"
+        folder = adapter_folder(self.run_dir, version)
         if self.ranks.main:
             save_adapter(self.policy, folder, weights)
+            prune_adapters(self.run_dir, version)  # disk stays bounded however long the run
         self.adapter = folder
 
     def collect(self, it: int) -> tuple[Batch, dict[str, Any]]:
@@ -385,12 +448,33 @@ class Trainer:
             **gathered,
         )
 
-    def close(self) -> None:
+    def close(self, barrier: bool = True) -> None:
+        """Close the metrics, the engine this trainer started, and release the run folder.
+        ``barrier=False`` after a failed setup, where other ranks may not get this far."""
         if self.logger is not None:
             self.logger.close()
         if self.engine is not None and self._owns_engine:
             self.engine.close()
-        dd.barrier(self.ranks)
+            self.engine = None
+        if self.folder is not None:
+            self.folder.release()
+        if barrier:
+            dd.barrier(self.ranks)
+
+
+def _newest_first(run_dir: Path, newest: Path | None) -> Iterator[Path]:
+    """``newest`` (already verified), then the older intact checkpoints, verified only if
+    asked for (when loading ``newest`` fails)."""
+    if newest is None:
+        return
+    yield newest
+    yield from (c for c in intact_checkpoints(run_dir) if c.name < newest.name)
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
 
 
 def _success_rate(episodes: list[Episode]) -> float:
@@ -409,8 +493,14 @@ def _summary_line(row: dict[str, Any]) -> str:
 
 
 def train(cfg: TrainConfig) -> Path:
-    """Run ``cfg`` to the end; returns the run folder."""
-    trainer = Trainer(cfg)
+    """Run ``cfg`` to the end; returns the run folder. A ``--resume`` whose checkpoints already
+    cover ``iterations`` says "nothing to do" and changes nothing."""
+    try:
+        trainer = Trainer(cfg)
+    except NothingToDo as done:
+        if not dd.launched_by_torchrun() or int(os.environ.get("RANK", "0")) == 0:
+            print(done, flush=True)
+        return Path(cfg.out)
     try:
         trainer.fit()
     finally:

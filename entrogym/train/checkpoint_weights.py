@@ -1,0 +1,129 @@
+"""Adapter weights in and out of checkpoints, and ``--init-adapter`` sources.
+
+A checkpoint's ``adapter/`` is plain peft format (``save_pretrained``), or
+``model.safetensors`` for a plain ``torch.nn.Module``; a checkpoint records its base model
+and loading it into another one is refused.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from entrogym.train.checkpoint_verify import (
+    ADAPTER_DIR,
+    CHECKPOINTS_DIR,
+    META_FILE,
+    NAME_RE,
+    PLAIN_WEIGHTS,
+    best_checkpoint,
+    latest_checkpoint,
+    read_meta,
+)
+
+
+def _is_peft(model: torch.nn.Module) -> bool:
+    return hasattr(model, "peft_config") and hasattr(model, "save_pretrained")
+
+
+def save_weights(
+    model: torch.nn.Module, folder: Path, weights: dict[str, torch.Tensor] | None
+) -> None:
+    """``folder/adapter``: peft format, or ``model.safetensors`` for a plain module."""
+    if _is_peft(model):
+        model.save_pretrained(str(folder / ADAPTER_DIR), state_dict=weights)
+        return
+    from safetensors.torch import save_file
+
+    (folder / ADAPTER_DIR).mkdir()
+    source = model.state_dict() if weights is None else weights
+    tensors = {k: v.detach().cpu().contiguous().clone() for k, v in source.items()}
+    save_file(tensors, str(folder / ADAPTER_DIR / PLAIN_WEIGHTS))
+
+
+def load_weights(model: torch.nn.Module, adapter_dir: Path, *, what: str) -> None:
+    if _is_peft(model):
+        from peft import set_peft_model_state_dict
+        from peft.utils import load_peft_weights
+
+        if not (adapter_dir / "adapter_config.json").is_file():
+            raise ValueError(f"{what}: {adapter_dir} holds no peft adapter (adapter_config.json)")
+        weights = load_peft_weights(str(adapter_dir), device="cpu")
+        try:
+            result = set_peft_model_state_dict(model, weights)
+        except RuntimeError as exc:  # size mismatch: another rank or another base model
+            raise ValueError(
+                f"{what}: the adapter in {adapter_dir} does not fit this model ({exc}). "
+                "Use an adapter trained on the same base model with the same LoRA settings."
+            ) from exc
+        missing = [k for k in result.missing_keys if "lora_" in k]
+        if result.unexpected_keys or missing:
+            raise ValueError(
+                f"{what}: the adapter in {adapter_dir} does not match this model's LoRA layers "
+                f"(unexpected: {list(result.unexpected_keys)[:5]}, missing: {missing[:5]}). "
+                "Use the same LoRA rank and target modules as the run that saved it."
+            )
+        return
+    from safetensors.torch import load_file
+
+    weights_file = adapter_dir / PLAIN_WEIGHTS
+    if not weights_file.is_file():
+        raise ValueError(f"{what}: {adapter_dir} has no {PLAIN_WEIGHTS} for a plain torch module")
+    model.load_state_dict(load_file(str(weights_file)))
+
+
+def _same_model(a: str, b: str) -> bool:
+    if a.rstrip("/") == b.rstrip("/"):
+        return True
+    return os.path.exists(a) and os.path.exists(b) and os.path.realpath(a) == os.path.realpath(b)
+
+
+def check_base_model(meta: dict[str, Any], base_model: str | None, path: Path) -> None:
+    saved = meta.get("base_model")
+    if base_model is not None and saved is not None and not _same_model(saved, base_model):
+        raise ValueError(
+            f"checkpoint {path} was trained on base model {saved!r}, but this run uses "
+            f"{base_model!r}. Pass the same --model as the run that saved it, or start "
+            "from the base model without this checkpoint."
+        )
+
+
+def resolve_adapter(source: str | os.PathLike[str]) -> Path:
+    """The adapter folder meant by ``source``: a checkpoint folder, a run folder (its best
+    checkpoint, else its latest) or a plain peft adapter folder."""
+    src = Path(source)
+    if not src.exists():
+        raise ValueError(f"--init-adapter: {src} does not exist")
+    if (src / CHECKPOINTS_DIR).is_dir():
+        found = best_checkpoint(src) or latest_checkpoint(src)
+        if found is None:
+            raise ValueError(f"--init-adapter: run folder {src} has no complete checkpoint")
+        src = found
+    if (src / META_FILE).exists() or NAME_RE.match(src.name):
+        read_meta(src)  # raises with the reason when incomplete
+        return src / ADAPTER_DIR
+    if (src / "adapter_config.json").is_file() or (src / PLAIN_WEIGHTS).is_file():
+        return src
+    raise ValueError(
+        f"--init-adapter: {src} is neither a run folder, a checkpoint folder nor a peft "
+        "adapter folder (adapter_config.json)"
+    )
+
+
+def load_adapter_into(
+    model: torch.nn.Module,
+    adapter_dir_or_checkpoint: str | os.PathLike[str],
+    *,
+    base_model: str | None = None,
+) -> Path:
+    """Load adapter weights only (no optimizer, RNG or counters) for ``--init-adapter``:
+    the paper's sequential training starts a new run from another run's best checkpoint.
+    Returns the adapter folder used."""
+    adapter = resolve_adapter(adapter_dir_or_checkpoint)
+    if adapter.name == ADAPTER_DIR and (adapter.parent / META_FILE).exists():
+        check_base_model(read_meta(adapter.parent), base_model, adapter.parent)
+    load_weights(model, adapter, what=f"--init-adapter {adapter_dir_or_checkpoint}")
+    return adapter

@@ -1,0 +1,383 @@
+"""Run folders: one writer each, only our own runs resumed, the config checked on resume.
+
+What a run folder guarantees (``docs/runs.md``, "Run folder safety"):
+
+- **One writer.** The trainer holds an advisory ``fcntl.flock`` on ``RUN/.lock`` for its
+  whole life and writes its pid into the file. A second trainer on the same folder fails at
+  once, naming that pid. The kernel drops the lock when its holder dies, so a killed run
+  never blocks the next one.
+- **Only our runs.** A new run writes ``RUN/entrogym-run.json`` before anything else.
+  ``--resume`` refuses a folder that holds files but is not an entrogym run, before touching
+  anything in it. Runs made before the marker existed are recognised by their layout
+  (``config.yaml`` naming env, model and algo, next to ``checkpoints/`` or ``adapters/``).
+- **One experiment per folder.** ``--resume`` compares the new config with the run's
+  ``config.yaml`` and refuses changes to the experiment, listing them. Extending
+  ``iterations`` and changing logging, eval, checkpointing or engine-location knobs is
+  allowed. Every start and resume is appended to ``config_history.jsonl`` with its time and
+  changed fields; ``config.yaml`` is rewritten only when an allowed field changed.
+- **Bounded adapters.** :func:`prune_adapters` keeps only the adapter versions the engine may
+  still read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import os
+import re
+import shutil
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from entrogym.atomic import atomic_write_text
+
+MARKER_FILE = "entrogym-run.json"
+LOCK_FILE = ".lock"
+CONFIG_FILE = "config.yaml"
+HISTORY_FILE = "config_history.jsonl"
+ADAPTERS_DIR = "adapters"
+MARKER_FORMAT = 1
+# What a run that got going writes; a fresh run refuses a folder holding any of them (it would
+# mix two runs). The marker and lock alone (a start that failed during setup) do not count.
+RUN_FILES = (CONFIG_FILE, "metrics.jsonl", "checkpoints", ADAPTERS_DIR, "tb")
+
+# Fields a resume may change: they decide how long the run goes on, what is logged and
+# evaluated, how often it checkpoints, and where the engine runs -- never what is learned.
+# ``micro_batch_size`` is here too: it bounds activation memory and does not change the
+# update (gradients of a minibatch's micro-batches are accumulated), so a run may resume on a
+# smaller GPU; float sums in another order can differ in the last bits.
+RESUMABLE_FIELDS = frozenset(
+    {
+        "iterations",
+        "out",
+        "resume",
+        "checkpoint_every",
+        "eval_env",
+        "eval_env_kwargs",
+        "eval_split",
+        "eval_every",
+        "eval_tasks",
+        "eval_samples",
+        "engine_urls",
+        "request_timeout",
+        "threads",
+        "max_lora_rank",
+        "max_bad_steps",
+        "max_env_error_fraction",
+        "micro_batch_size",
+    }
+)
+# Compared through the resolved preset (both config forms), not as raw values; ``resume`` is
+# how a run was started, not a setting of the run.
+_NOT_COMPARED = frozenset({"algo", "algo_overrides", "resume"})
+_ADAPTER_RE = re.compile(r"^v(\d{6,})$")
+
+
+class RunFolderError(ValueError):
+    """The run folder cannot be used as asked (not a run, another experiment, a file...)."""
+
+
+class RunFolderBusy(RunFolderError):
+    """Another live process holds the run folder's lock."""
+
+
+class NothingToDo(Exception):
+    """``--resume`` of a run whose checkpoints already cover the asked iterations."""
+
+
+# ----------------------------------------------------------------------------- the lock
+
+
+def _holder_message(path: Path, pid_text: str) -> str:
+    pid = int(pid_text) if pid_text.isdigit() else None
+    if pid is None:
+        who = "another process"
+    elif _pid_alive(pid):
+        who = f"another entrogym process (pid {pid})"
+    else:
+        # Another program that forked while holding it (entrogym's children drop it).
+        who = f"a process left behind by pid {pid} (which has exited)"
+    return (
+        f"run folder {path} is in use by {who}: only one trainer may write a run folder. "
+        "Wait for it to finish (or stop it), or pass another --out."
+    )
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# Locks this process holds. A flock belongs to the open file, which forked children share:
+# a child that outlived a killed trainer would keep the folder locked. Children close their
+# copy at fork (never LOCK_UN, which would unlock the parent's too).
+_HELD: weakref.WeakSet[RunLock] = weakref.WeakSet()
+
+
+def _drop_locks_in_child() -> None:
+    for lock in list(_HELD):
+        fd, lock._fd = lock._fd, None
+        if fd is not None:
+            os.close(fd)
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_drop_locks_in_child)
+
+
+class RunLock:
+    """An exclusive ``flock`` on ``RUN/.lock``, holding this process's pid."""
+
+    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+        self.path = Path(run_dir) / LOCK_FILE
+        self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self._fd, 32, 0).decode(errors="replace").strip()
+            os.close(self._fd)
+            self._fd = None
+            raise RunFolderBusy(_holder_message(Path(run_dir), holder)) from None
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
+        _HELD.add(self)
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+            _HELD.discard(self)
+
+
+# ----------------------------------------------------------------------------- recognising runs
+
+
+def _read_yaml(path: Path) -> Any:
+    """The YAML in ``path``; None if there is no such file; RunFolderError if unreadable."""
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise RunFolderError(f"{path} is unreadable ({exc}); fix or restore it") from exc
+
+
+def is_entrogym_run(run_dir: str | os.PathLike[str]) -> bool:
+    """True if ``run_dir`` was written by entrogym's trainer (marker, or the old layout)."""
+    run_dir = Path(run_dir)
+    if (run_dir / MARKER_FILE).is_file():
+        return True
+    try:
+        config = _read_yaml(run_dir / CONFIG_FILE)
+    except RunFolderError:
+        return False
+    has_config = isinstance(config, dict) and {"env", "model", "algo"} <= config.keys()
+    has_layout = (run_dir / "checkpoints").is_dir() or (run_dir / ADAPTERS_DIR).is_dir()
+    return has_config and has_layout
+
+
+def _write_marker(run_dir: Path) -> None:
+    from entrogym import __version__
+
+    marker = {
+        "format": MARKER_FORMAT,
+        "entrogym_version": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    atomic_write_text(run_dir / MARKER_FILE, json.dumps(marker, indent=2) + "\n")
+
+
+def _check_usable(run_dir: Path, resume: bool) -> bool:
+    """Refuse a folder we must not write; return whether it holds a run to resume."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunFolderError(f"--out {run_dir} is a file; pass a folder for the run")
+    entries = sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else []
+    ours = [name for name in entries if name in RUN_FILES]
+    if not resume:
+        if ours:
+            raise RunFolderError(
+                f"run folder {run_dir} already holds a run ({', '.join(ours)}); pass --resume "
+                "to continue it or --out NEW_DIR to start another"
+            )
+        return False
+    if entries and not is_entrogym_run(run_dir):
+        raise RunFolderError(
+            f"--resume: {run_dir} is not an entrogym run folder (no {MARKER_FILE}, no "
+            f"config.yaml with checkpoints/); it holds {', '.join(entries[:8])}. Nothing in it "
+            "was touched; pass the folder of an entrogym run, or a new --out without --resume."
+        )
+    return bool(entries)
+
+
+# ----------------------------------------------------------------------------- config check
+
+
+def resolved_algorithm(config: dict[str, Any]) -> dict[str, Any]:
+    """The preset a config means, as a dict: both ``algo: NAME`` + ``algo_overrides`` and the
+    nested ``algo: {name: NAME, knob: value}`` form resolve to the same thing."""
+    from entrogym.algos.presets import get_algorithm
+
+    algo = config.get("algo")
+    if isinstance(algo, dict):
+        knobs = {k: v for k, v in algo.items() if k != "name"}
+        name = algo.get("name")
+    else:
+        name, knobs = algo, {}
+    knobs.update(config.get("algo_overrides") or {})
+    if not isinstance(name, str):
+        raise RunFolderError(f"config has no algorithm name (algo: {algo!r})")
+    return dataclasses.asdict(get_algorithm(name, **knobs))
+
+
+def config_differences(saved: dict[str, Any], new: dict[str, Any]) -> dict[str, list[Any]]:
+    """``{field: [saved, new]}`` for every field that differs (the algorithm as one field,
+    compared by its resolved preset). A field only one side has (added or removed by another
+    entrogym version) is not compared."""
+    diffs: dict[str, list[Any]] = {}
+    old_algo, new_algo = resolved_algorithm(saved), resolved_algorithm(new)
+    if old_algo != new_algo:
+        changed = {k: [old_algo[k], new_algo[k]] for k in old_algo if old_algo[k] != new_algo[k]}
+        diffs["algo"] = [changed, "(resolved preset fields: [saved, new])"]
+    for key in sorted((saved.keys() | new.keys()) - _NOT_COMPARED):
+        if key in saved and key in new and saved[key] != new[key]:
+            diffs[key] = [saved[key], new[key]]
+    # A resume may not name init_adapter (the weights come from the checkpoint): its absence
+    # means "as the run started", not a change.
+    if new.get("init_adapter") is None:
+        diffs.pop("init_adapter", None)
+    return diffs
+
+
+# Engines with the same sampler in another place: in-process vLLM and ``vllm serve``.
+_SAME_SAMPLER = ({"vllm", "vllm-server"},)
+
+
+def refused_changes(diffs: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """The differences a resume may not make (all but :data:`RESUMABLE_FIELDS` and a move
+    between engines that sample the same way)."""
+    refused = {k: v for k, v in diffs.items() if k not in RESUMABLE_FIELDS}
+    if "engine" in refused and any(set(refused["engine"]) <= same for same in _SAME_SAMPLER):
+        del refused["engine"]
+    return refused
+
+
+def _format_diffs(diffs: dict[str, list[Any]]) -> str:
+    lines = []
+    for key, (old, new) in diffs.items():
+        if key == "algo":
+            parts = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in old.items())
+            lines.append(f"  algo: {parts}")
+        else:
+            lines.append(f"  {key}: {old!r} -> {new!r}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- the folder
+
+
+class RunFolder:
+    """An opened run folder: checked, locked, with its config recorded."""
+
+    def __init__(self, path: Path, lock: RunLock, saved_config: dict[str, Any] | None) -> None:
+        self.path = path
+        self.lock = lock
+        self.saved_config = saved_config
+
+    def record(self, event: str, config: dict[str, Any], **extra: Any) -> None:
+        """Append ``event`` to the history; rewrite ``config.yaml`` only if it changed."""
+        changed = config_differences(self.saved_config, config) if self.saved_config else {}
+        entry = {
+            "event": event,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "pid": os.getpid(),
+            **extra,
+            "changed": changed,
+        }
+        if self.saved_config is None:
+            entry["config"] = config
+        with open(self.path / HISTORY_FILE, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(entry, default=str) + "\n")
+        if self.saved_config is None or changed:
+            atomic_write_text(self.path / CONFIG_FILE, yaml.safe_dump(config))
+            self.saved_config = config
+
+    def release(self) -> None:
+        self.lock.release()
+
+
+def open_run_folder(run_dir: str | os.PathLike[str], config: dict[str, Any], *, resume: bool):
+    """Check ``run_dir`` for a run with ``config``, take its lock, and return the
+    :class:`RunFolder`. Raises :class:`RunFolderError` (a ValueError) when the folder must not
+    be used, :class:`RunFolderBusy` when another process writes it. Nothing is written before
+    the checks pass; the marker is written first, then the lock is taken."""
+    run_dir = Path(run_dir)
+    _check_usable(run_dir, resume)  # read-only: a refused folder is left as it was
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if not (run_dir / MARKER_FILE).is_file():
+            _write_marker(run_dir)
+        lock = RunLock(run_dir)
+    except OSError as exc:
+        raise RunFolderError(f"--out {run_dir} is not writable ({exc})") from exc
+    try:
+        has_run = _check_usable(run_dir, resume)  # again under the lock: a writer may have
+        # finished a run here between the first check and the lock
+        saved = _read_yaml(run_dir / CONFIG_FILE) if has_run else None
+        if saved is not None and not isinstance(saved, dict):
+            raise RunFolderError(f"{run_dir / CONFIG_FILE} is not a mapping; fix or remove it")
+        refused = refused_changes(config_differences(saved, config)) if saved else {}
+        if refused:
+            raise RunFolderError(
+                f"--resume: this config differs from the run in {run_dir} in fields that "
+                f"change the experiment:\n{_format_diffs(refused)}\nResume with the run's own "
+                "settings (only iterations, eval_*, checkpoint_every, engine location and "
+                "logging knobs may change), or start a new run with another --out."
+            )
+    except BaseException:
+        lock.release()
+        raise
+    return RunFolder(run_dir, lock, saved)
+
+
+# ----------------------------------------------------------------------------- adapters
+
+
+def adapter_folder(run_dir: str | os.PathLike[str], version: int) -> Path:
+    return Path(run_dir) / ADAPTERS_DIR / f"v{version:06d}"
+
+
+def prune_adapters(run_dir: str | os.PathLike[str], current: int, keep: int = 2) -> list[Path]:
+    """Remove ``adapters/vNNNNNN`` folders but the ``keep`` newest up to ``current``.
+
+    The engine reads only the current version (rollouts and eval of the next iteration); the
+    one before stays while a remote server may still be swapping it out. Checkpoints hold
+    their own adapter copy, so none of them needs these folders. Versions above ``current``
+    (left by a run that went further before it was killed) are stale and removed too.
+    Returns the removed folders."""
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1, got {keep}")
+    root = Path(run_dir) / ADAPTERS_DIR
+    if not root.is_dir():
+        return []
+    removed = []
+    for entry in root.iterdir():
+        m = _ADAPTER_RE.match(entry.name)
+        if m and not current - keep < int(m.group(1)) <= current:
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    return sorted(removed)
