@@ -61,7 +61,7 @@ class UnscrambleEnv(TextEnv):
     def _word(self, task_id: str) -> str:
         return task_id.split("-", 1)[1]
 
-    def _begin(self, task_id: str) -> tuple[str, dict[str, Any]]:
+    def _start_task(self, task_id: str) -> tuple[str, dict[str, Any]]:
         word = self._word(task_id)
         # A fixed scramble per word, so a task is the same prompt every time.
         rng = np.random.default_rng(sum(map(ord, word)))

@@ -149,7 +149,7 @@ class AppWorldEnv(TextEnv):
         assert self.client is not None
         return self.client
 
-    def _begin(self, task_id: str) -> tuple[str, dict[str, Any]]:
+    def _start_task(self, task_id: str) -> tuple[str, dict[str, Any]]:
         self._finish_open_episode()
         self._episode += 1
         experiment = self.experiment_name or f"entrogym-{self._env_uid}-{self._episode}"
