@@ -7,15 +7,13 @@ rollouts are done, the rest are cancelled. With ``chunk_tokens`` a turn is gener
 of that many tokens (a chunk continues from the ids sampled so far, so nothing changes but the
 places where the loop can stop), which lets early stopping act inside long single-turn answers.
 
-Episode errors are data. An env that raises (in reset, step or end_episode) or breaks the
-text-env contract (:mod:`entrogym.envs.contract`: a non-string observation, a terminal reward
-that is not finite or lies outside the env's ``reward_range``) fails that episode only: it
-comes back with reward 0 and ``Episode.error`` naming the env id, the task id and the message,
-is counted in ``stats["env_errors"]``, and its message is written to stderr once per process.
-The trainer leaves failed episodes out of the update, and :func:`check_env_errors` stops a run
-whose failed share is too high. The loop reaches an env's entrogym methods (``end_episode``,
-``flag_action_truncated``, ``reward_range``) through ``env.get_wrapper_attr``, so envs wrapped
-in Gymnasium wrappers work.
+Episode errors are data: an env that raises (reset, step, end_episode) or breaks the text-env
+contract (:mod:`entrogym.envs.contract`: a non-string observation; a terminal reward that is not
+finite or lies outside the env's ``reward_range``) fails that episode only. It comes back with
+reward 0 and ``Episode.error`` (env id, task id, message), is counted in
+``stats["env_errors"]``, its message goes to stderr once, the trainer leaves it out, and
+:func:`check_env_errors` stops a run whose failed share is too high. Env attributes are reached
+with ``env.get_wrapper_attr``, so envs wrapped in Gymnasium wrappers work.
 """
 
 from __future__ import annotations
@@ -71,9 +69,6 @@ class Rollouts(list):
     stats: dict[str, Any]
 
 
-# ----- one episode in flight -----------------------------------------------------------------
-
-
 @dataclass
 class _Run:
     index: int
@@ -117,9 +112,6 @@ def _env_id(source: EnvSource, env: Any) -> str:
     if name and name != "<lambda>":
         return name
     return type(getattr(env, "unwrapped", env)).__name__ if env is not None else name
-
-
-# ----- the collection ------------------------------------------------------------------------
 
 
 class _Collection:
