@@ -61,9 +61,9 @@ __all__ = [
 
 @dataclass(frozen=True)
 class GradeResult:
-    """``correct``; the answer found in the response (None if none); whether the sympy stage
+    """``correct``; the answer found in the response (None if none); whether the worker stage
     ran out of time; and which stage decided (``exact``, ``numeric``, ``sympy``,
-    ``math-verify``, ``no-answer``, ``timeout``, ``invalid-input``, ``error``)."""
+    ``math-verify``, ``no-answer``, ``too-long``, ``timeout``, ``invalid-input``, ``error``)."""
 
     correct: bool
     extracted: str | None
