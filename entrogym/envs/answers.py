@@ -35,7 +35,6 @@ MAX_ANSWER_CHARS = 4096  # longer "answers" are not answers
 MAX_RESPONSE_CHARS = 1_000_000
 NORMALIZE_IN_PROCESS_CHARS = 512
 
-_BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 _FINAL_RE = re.compile(r"final answer\s*(?:is|:)[ \t:]*([^\n]*)", re.IGNORECASE)
 _NUMBER_RE = re.compile(r"[-−]?\d[\d,]*(?:\.\d+)?")
 _UNIT_WORD_RE = re.compile(
@@ -49,10 +48,9 @@ def _last_box(text: str) -> str | None:
     lm-eval's ``last_boxed_only_string`` prefers any ``\\boxed `` over a later ``\\boxed{`` and
     any ``\\boxed`` over a later ``\\fbox``, so the last box would not always win.
     """
-    matches = list(_BOX_RE.finditer(text))
-    if not matches:
+    i = _after_last_box_command(text)
+    if i is None:
         return None
-    i = matches[-1].end()
     if i < len(text) and text[i] == "{":
         depth = 0
         for j in range(i, len(text)):
@@ -67,6 +65,23 @@ def _last_box(text: str) -> str | None:
         rest = text[i + 1 :]
         return re.split(r"[$\n]", rest, maxsplit=1)[0].strip() or None
     return None
+
+
+def _after_last_box_command(text: str) -> int | None:
+    """Index just past the last ``\\boxed`` or ``\\fbox`` not followed by a letter, or None.
+
+    Searched backwards (linear: each name's search resumes before its last hit, and the names
+    cannot overlap), so a text full of boxes costs no list of matches."""
+    best = -1
+    for name in ("\\boxed", "\\fbox"):
+        end = len(text)
+        while (i := text.rfind(name, 0, end)) >= 0:
+            j = i + len(name)
+            if j == len(text) or not (text[j].isascii() and text[j].isalpha()):
+                best = max(best, j)
+                break
+            end = i
+    return None if best < 0 else best
 
 
 _MINERVA_PREFIX = "Final Answer: The final answer is"

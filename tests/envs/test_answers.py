@@ -42,3 +42,18 @@ def test_extraction_is_linear_on_a_repeated_phrase() -> None:
     assert minerva_final_answer(text) is None
     assert extract_answer(text).startswith("The final answer is x")
     assert time.monotonic() - start < 0.5
+
+
+def test_backward_box_search_finds_the_last_box_command() -> None:
+    """The backward search gives what ``\\\\(?:boxed|fbox)(?![A-Za-z])``'s last match gives."""
+    import re
+
+    from entrogym.envs.answers import _after_last_box_command
+
+    pattern = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
+    pieces = ["\\boxed", "\\fbox", "x", "{", "}", " ", "a", "\\", "boxed", "1"]
+    rng = random.Random(1)
+    for _ in range(20_000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 10)))
+        matches = list(pattern.finditer(text))
+        assert _after_last_box_command(text) == (matches[-1].end() if matches else None), text
