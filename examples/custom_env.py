@@ -5,8 +5,9 @@ to ``max_guesses`` tries (multi-turn: a wrong guess gets feedback). The reward i
 1 for the word, minus 0.25 for each wrong guess before it; 0 if the guesses run out.
 
 Run it: ``python examples/custom_env.py``. It checks the env with Gymnasium's ``check_env``
-and rolls it out with a scripted policy (a dictionary solver that guesses wrong once on
-purpose). Another script or an entrogym command can name it as
+and entrogym's ``check_text_env`` (the text-env contract: stable task ids and prompts, terminal
+rewards within ``reward_range``, ``end_episode``, action truncation), then rolls it out with a
+scripted policy (a dictionary solver that guesses wrong once on purpose). Another script or an entrogym command can name it as
 ``"custom_env:examples/Unscramble-v0"`` when this directory is on ``sys.path``:
 ``gymnasium.make`` imports the module before the ``:``, which registers the id.
 """
@@ -20,7 +21,7 @@ import numpy as np
 from gymnasium.utils.env_checker import check_env
 
 import entrogym  # noqa: F401  (registers the built-in envs; not needed for this one)
-from entrogym.envs import TextEnv, Turn, make_text_env, task_ids_of
+from entrogym.envs import TextEnv, Turn, check_text_env, make_text_env, task_ids_of
 
 WORDS = [
     "planet",
@@ -46,6 +47,8 @@ TEST_WORDS = ["python", "tunnel", "violet", "yellow"]
 class UnscrambleEnv(TextEnv):
     """Find the word whose letters are scrambled; ``max_guesses`` turns at most."""
 
+    reward_range = (0.0, 1.0)  # the default, stated: 1 minus 0.25 per wrong guess, or 0
+
     def __init__(self, *, max_guesses: int = 3, render_mode: str | None = None) -> None:
         super().__init__(split="train", max_turns=max_guesses, render_mode=render_mode)
         self._words = {"train": WORDS, "test": TEST_WORDS}
@@ -61,7 +64,7 @@ class UnscrambleEnv(TextEnv):
     def _word(self, task_id: str) -> str:
         return task_id.split("-", 1)[1]
 
-    def _begin(self, task_id: str) -> tuple[str, dict[str, Any]]:
+    def _start_task(self, task_id: str) -> tuple[str, dict[str, Any]]:
         word = self._word(task_id)
         # A fixed scramble per word, so a task is the same prompt every time.
         rng = np.random.default_rng(sum(map(ord, word)))
@@ -108,6 +111,7 @@ def scripted_policy(observation: str, first_turn: bool) -> str:
 def main() -> dict[str, float]:
     env = make_text_env("examples/Unscramble-v0", render_mode="ansi")
     check_env(env.unwrapped, skip_render_check=True)
+    check_text_env(env, max_tasks=len(WORDS))  # raises, naming the check and the task, if broken
     rewards: dict[str, float] = {}
     for task_id in task_ids_of(env, "test"):
         observation, info = env.reset(options={"task_id": task_id})

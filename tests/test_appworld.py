@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from entrogym.envs.appworld import metrics
+from entrogym.agents.episode import Episode
+from entrogym.envs.appworld import metrics, report
 from entrogym.envs.appworld.prompt import clip_output, extract_code
 from entrogym.envs.appworld.runtime import appworld_python, default_venv
 
@@ -33,6 +34,39 @@ def test_tgc_sgc_match_appworld_definition() -> None:
         metrics.scenario_id("bad_task_id")
     with pytest.raises(ValueError):
         metrics.task_goal_completion({})
+
+
+def _episode(task_id: str, success: bool, **info) -> Episode:
+    return Episode(task_id, 0, [], [], [], float(success), info={"success": success, **info})
+
+
+def test_evaluation_report_metrics_without_appworld(tmp_path: Path) -> None:
+    """Two samples per task: TGC/SGC per sample, averaged; AppWorld's own report is skipped
+    (one output per task), so nothing needs the AppWorld runtime."""
+    tasks = ["a_1", "a_2", "b_1"]
+    eps = [
+        _episode("a_1", True, num_tests=2),
+        _episode("a_1", True, num_tests=2),
+        _episode("a_2", True, num_tests=1),
+        _episode("a_2", False, num_tests=1),
+        _episode("b_1", False),
+    ]  # fmt: skip  (b_1's second sample never ran)
+    fields = report.evaluation_report(
+        tmp_path, {"episodes": eps, "tasks": tasks, "samples": 2, "split": "dev"}, tmp_path
+    )
+    assert fields["tgc_runs"] == pytest.approx([2 / 3, 1 / 3])
+    assert fields["sgc_runs"] == pytest.approx([1 / 2, 0.0])
+    assert fields["tgc"] == pytest.approx(0.5) and fields["sgc"] == pytest.approx(0.25)
+    assert fields["not_evaluated"] == 1 and "experiment_name" not in fields
+    assert fields["appworld_report"] == {"ok": None, "skipped": report.report_skip_reason(2)}
+    assert fields["report_lines"][0].startswith("AppWorld report skipped: --samples 2")
+    assert "1 of 5 episodes ended on an error" in fields["report_lines"][1]
+    one = report.evaluation_report(tmp_path, {"episodes": eps[:1], "tasks": ["a_1"]}, None)
+    assert "were not kept" in one["appworld_report"]["skipped"]  # no shared experiment folder
+    kwargs = report.evaluation_env_kwargs(1)
+    assert kwargs["reward"] == "binary" and kwargs["max_turns"] == 50
+    assert kwargs["experiment_name"].startswith("entrogym-eval-")
+    assert "experiment_name" not in report.evaluation_env_kwargs(3)
 
 
 def test_extract_code_and_clip() -> None:
@@ -327,13 +361,58 @@ def test_check_env_and_gym_make(world_root: Path) -> None:
     from gymnasium.utils.env_checker import check_env
 
     import entrogym  # noqa: F401
+    from entrogym.envs import check_text_env
 
     env = gym.make("entrogym/AppWorld-v0", split="test_normal", appworld_root=str(world_root))
     try:
         assert env.unwrapped.max_turns == 50 and env.unwrapped.reward_mode == "binary"
         check_env(env.unwrapped, skip_render_check=True)
+        check_text_env(env, max_tasks=1)  # sampled actions: no code, 50 turns, then evaluation
     finally:
         env.close()
+
+
+@pytest.mark.appworld
+def test_evaluation_report_hook_runs_appworlds_own_report(world_root: Path, tmp_path) -> None:
+    """What ``entrogym eval`` does through the env's hooks: rollouts in one kept experiment
+    folder, then TGC/SGC and AppWorld's own evaluator's report."""
+    import gymnasium as gym
+
+    import entrogym  # noqa: F401
+
+    probe = gym.make("entrogym/AppWorld-v0", split="test_normal", appworld_root=str(world_root))
+    kwargs = probe.get_wrapper_attr("evaluation_env_kwargs")(samples=1)
+    probe.close()
+    env = gym.make(
+        "entrogym/AppWorld-v0", split="test_normal", appworld_root=str(world_root), **kwargs
+    )
+    tasks = env.get_wrapper_attr("task_ids")()[:2]
+    episodes = []
+    try:
+        env.reset(options={"task_id": tasks[0]})
+        solved = env.step(_solution(world_root, tasks[0]))[4]  # all tests pass
+        env.reset(options={"task_id": tasks[1]})
+        _, untouched = env.get_wrapper_attr("end_episode")()  # the world as it started
+        for task_id, info in zip(tasks, (solved, untouched), strict=True):
+            episodes.append(Episode(task_id, 0, [], [], [], float(info["success"]), info=info))
+        fields = env.get_wrapper_attr("evaluation_report")(
+            {"episodes": episodes, "tasks": tasks, "samples": 1, "split": "test_normal"},
+            tmp_path, report_name="first2",
+        )  # fmt: skip
+    finally:
+        env.close()
+        shutil.rmtree(
+            world_root / "experiments" / "outputs" / kwargs["experiment_name"], ignore_errors=True
+        )
+    assert fields["tgc"] == 0.5 and fields["not_evaluated"] == 0
+    assert fields["experiment_name"] == kwargs["experiment_name"]
+    rep = fields["appworld_report"]
+    assert rep["ok"] and rep["tasks"] == 2 and rep["missing_outputs"] == [], rep
+    assert rep["aggregate"]["task_goal_completion"] == pytest.approx(50.0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "appworld-report.json", "appworld-report.txt"
+    ]  # fmt: skip
+    assert fields["report_lines"][0].startswith("AppWorld report: TGC=50.0%")
 
 
 @pytest.mark.appworld

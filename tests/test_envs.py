@@ -18,7 +18,9 @@ import entrogym  # noqa: F401
 from entrogym.envs import (
     BUILTIN_ENV_IDS,
     TextEnv,
+    TextEnvCheckError,
     UnicodeText,
+    check_text_env,
     is_text_env,
     make_text_env,
     task_ids_of,
@@ -336,6 +338,16 @@ def test_custom_env_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
     _, reward, terminated, truncated, info = env.step("c")
     assert (reward, terminated, truncated) == (0.0, False, True)  # turn limit
     assert info["success"] is False and info["turn_limit_reached"]
+
+    class Reshuffled(namespace["UnscrambleEnv"]):  # a new scramble at every reset
+        def _start_task(self, task_id):
+            letters = "".join(self.np_random.permutation(list(self._word(task_id))))
+            return f"Unscramble '{letters}'.", {}
+
+    with pytest.raises(TextEnvCheckError) as caught:
+        check_text_env(Reshuffled())
+    assert caught.value.check == "check_prompt_is_stable"
+    assert caught.value.task_id == "train-planet"
 
 
 def test_render_ansi() -> None:

@@ -39,7 +39,7 @@ class Steps(TextEnv):
         self.length = 1 + (seed or 0) % 6
         return super().reset(seed=seed, options=options)
 
-    def _begin(self, task_id):
+    def _start_task(self, task_id):
         if task_id == "broken":
             raise RuntimeError("cannot start")
         return f"Task {task_id}. Say anything.", {}
@@ -109,13 +109,17 @@ def test_env_errors_end_only_their_episode(engine, agent):
     eps = collect_rollouts(
         lambda: Steps(explode=True), ["t0", "broken", "t1"], engine, agent, k=6, early_stop=False
     )
-    assert len(eps) == 12  # the 6 episodes of "broken" never started
-    assert len(eps.stats["reset_errors"]) == 6 and "cannot start" in eps.stats["reset_errors"][0]
-    failed = [e for e in eps if "error" in e.info]
-    assert len(failed) == 2 and all("boom" in e.info["error"] for e in failed)
+    assert len(eps) == 18 and eps.stats["env_errors"] == 8  # failed episodes come back too
+    never_started = [e for e in eps if e.task_id == "broken"]
+    assert all(e.failed and e.token_ids == [] and e.reward == 0.0 for e in never_started)
+    assert "task 'broken', reset: RuntimeError: cannot start" in never_started[0].error
+    failed = [e for e in eps if e.failed and e.task_id != "broken"]
+    assert len(failed) == 2 and all("step: RuntimeError: boom" in e.error for e in failed)
     assert all(e.reward == 0.0 and e.num_turns == 2 and not e.info["success"] for e in failed)
-    assert all(e.reward == 1.0 for e in eps if "error" not in e.info)
-    assert {e.group_id for e in eps} == {0, 2}
+    assert all(e.error.startswith("env 'Steps', task ") for e in eps if e.failed)
+    assert all(e.reward == 1.0 for e in eps if not e.failed)
+    assert {e.group_id for e in eps if not e.failed} == {0, 2}
+    assert eps.stats["mean_reward"] == 1.0  # over the episodes that did not fail
 
 
 def test_arithmetic_rollouts_feed_the_trainer(engine):

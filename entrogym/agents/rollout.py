@@ -6,6 +6,14 @@ least ``min_done_per_task`` of the K rollouts of every task and ``min_done_fract
 rollouts are done, the rest are cancelled. With ``chunk_tokens`` a turn is generated in chunks
 of that many tokens (a chunk continues from the ids sampled so far, so nothing changes but the
 places where the loop can stop), which lets early stopping act inside long single-turn answers.
+
+Episode errors are data: an env that raises (reset, step, end_episode) or breaks the text-env
+contract (:mod:`entrogym.envs.contract`: a non-string observation; a terminal reward that is not
+finite or lies outside the env's ``reward_range``) fails that episode only. It comes back with
+reward 0 and ``Episode.error`` (env id, task id, message), is counted in
+``stats["env_errors"]``, its message goes to stderr once, the trainer leaves it out, and
+:func:`check_env_errors` stops a run whose failed share is too high. Env attributes are reached
+with ``env.get_wrapper_attr``, so envs wrapped in Gymnasium wrappers work.
 """
 
 from __future__ import annotations
@@ -20,9 +28,25 @@ from typing import Any
 
 from entrogym.agents.agent import LLMAgent, Transcript, TurnEnd
 from entrogym.agents.engines.base import Engine, SamplingParams
-from entrogym.agents.episode import Episode
+from entrogym.agents.episode import (
+    EnvErrorBudgetExceeded,
+    Episode,
+    check_env_errors,
+    log_env_error_once,
+)
+from entrogym.envs.base import env_attr, make_text_env
+from entrogym.envs.contract import check_reply, check_terminal_reward
 
-__all__ = ["Episode", "Rollouts", "collect_rollouts", "early_stop_reached"]
+__all__ = [
+    "EnvErrorBudgetExceeded",
+    "Episode",
+    "Rollouts",
+    "check_env_errors",
+    "collect_rollouts",
+    "early_stop_reached",
+]
+
+EnvSource = str | Callable[[], Any]
 
 
 def early_stop_reached(
@@ -38,8 +62,9 @@ def early_stop_reached(
 
 
 class Rollouts(list):
-    """``list[Episode]`` with ``stats``: counts (episodes, cancelled, errors, truncated),
-    generated tokens, time spent generating / stepping envs / in total, tokens per second."""
+    """``list[Episode]`` with ``stats``: counts (episodes, cancelled, env_errors, truncated),
+    the distinct env error messages, generated tokens, time spent generating / stepping envs /
+    in total, tokens per second, and the mean reward of the episodes that did not fail."""
 
     stats: dict[str, Any]
 
@@ -50,12 +75,14 @@ class _Run:
     task_id: str
     group_id: int
     env: Any = None
-    t: Transcript | None = None
+    transcript: Transcript | None = None
     reward: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)
     done: bool = False
     cancelled: bool = False
     truncated: bool = False
+    error: str | None = None
+    error_key: str = ""
     generate_s: float = 0.0
     env_s: float = 0.0
     start: float = field(default_factory=time.perf_counter)
@@ -66,20 +93,209 @@ class _Run:
         self.info.update(info)
         self.end = time.perf_counter()
 
-    def fail(self, where: str, error: BaseException) -> None:
-        self.finish(0.0, error=f"{where}: {type(error).__name__}: {error}", success=False)
+    def fail(self, env_id: str, where: str, error: BaseException) -> None:
+        """End the episode as failed; the message names the env, the task and the error."""
+        text = f"{type(error).__name__}: {error}"
+        self.error = f"env {env_id!r}, task {self.task_id!r}, {where}: {text}"
+        self.error_key = f"{env_id}\0{where}\0{text}"
+        self.finish(0.0, error=self.error, success=False)
 
 
-def _make_env(env: str | Callable[[], Any], env_kwargs: dict[str, Any]) -> Any:
-    if callable(env):
-        return env()
-    from entrogym.envs.base import make_text_env
+def _env_id(source: EnvSource, env: Any) -> str:
+    """The registered id, or the factory's (or the env class's) name."""
+    if isinstance(source, str):
+        return source
+    spec = getattr(env, "spec", None)
+    if spec is not None and getattr(spec, "id", None):
+        return str(spec.id)
+    name = getattr(source, "__name__", "")
+    if name and name != "<lambda>":
+        return name
+    return type(getattr(env, "unwrapped", env)).__name__ if env is not None else name
 
-    return make_text_env(env, **env_kwargs)
+
+class _Collection:
+    """The envs, engine and agent of one :func:`collect_rollouts` call, and its counters."""
+
+    def __init__(
+        self,
+        source: EnvSource,
+        env_kwargs: dict[str, Any],
+        engine: Engine,
+        agent: LLMAgent,
+        sampling: SamplingParams,
+        adapter: str | None,
+        chunk_tokens: int | None,
+        env_workers: int,
+    ) -> None:
+        self.source, self.env_kwargs = source, env_kwargs
+        self.engine, self.agent, self.adapter = engine, agent, adapter
+        self.sampling, self.chunk_tokens = sampling, chunk_tokens
+        self.pool = ThreadPoolExecutor(env_workers) if env_workers > 1 else None
+        self.stats: dict[str, Any] = {"steps": 0, "generate_calls": 0, "generated_tokens": 0}
+        self.generate_s = self.env_s = 0.0
+        self.env_id = source if isinstance(source, str) else ""
+
+    def make_env(self) -> Any:
+        if isinstance(self.source, str):
+            return make_text_env(self.source, **self.env_kwargs)
+        return self.source()
+
+    def start(self, runs: list[_Run], seed: int) -> None:
+        t0 = time.perf_counter()
+        for r in runs:
+            self._start_run(r, seed)
+        self.env_s += time.perf_counter() - t0
+
+    def _start_run(self, r: _Run, seed: int) -> None:
+        """Make the run's env, reset it to its task and start the agent's transcript."""
+        t0 = time.perf_counter()
+        try:
+            r.env = self.make_env()
+            self.env_id = self.env_id or _env_id(self.source, r.env)
+            observation, info = r.env.reset(seed=seed + r.index, options={"task_id": r.task_id})
+            check_reply(observation, info)
+        except Exception as e:  # noqa: BLE001  (one broken env must not end the batch)
+            r.fail(self.env_id or _env_id(self.source, r.env), "reset", e)
+            return
+        finally:
+            r.env_s += time.perf_counter() - t0
+        r.info.update(info)
+        # a prompt over max_context is a setup error, not the env's: it raises
+        r.transcript = self.agent.start(observation, r.task_id)
+
+    def step(self, active: list[_Run]) -> None:
+        """One batched generation call for the running episodes, then the envs of the turns
+        that ended."""
+        params = []
+        for r in active:
+            budget = self.agent.turn_budget(r.transcript)
+            params.append(
+                replace(self.sampling, max_tokens=min(budget, self.chunk_tokens or budget))
+            )
+        t0 = time.perf_counter()
+        prompts = [r.transcript.token_ids for r in active]
+        completions = self.engine.generate(prompts, params, self.adapter)
+        dt = time.perf_counter() - t0
+        self.generate_s += dt
+        self.stats["generate_calls"] += 1
+        ended: list[tuple[_Run, TurnEnd]] = []
+        for r, c in zip(active, completions, strict=True):
+            r.generate_s += dt
+            self.stats["generated_tokens"] += len(c.token_ids)
+            end = self.agent.add_completion(r.transcript, c)
+            if end is not None:
+                ended.append((r, end))
+        t0 = time.perf_counter()
+        if self.pool is not None:
+            list(self.pool.map(lambda pair: self._advance(*pair), ended))
+        else:
+            for r, end in ended:
+                self._advance(r, end)
+        self.env_s += time.perf_counter() - t0
+        self.stats["steps"] += 1
+
+    def _advance(self, r: _Run, end: TurnEnd) -> None:
+        """Hand a finished turn's action to the env and append its answer."""
+        if end.limit == "context":
+            self._context_full(r)
+            return
+        if end.limit == "turn" and self.agent.on_turn_budget == "truncate":
+            r.finish(0.0, truncated=True, truncated_by=end.limit, success=False)
+            return
+        if not end.text:
+            r.finish(0.0, empty_action=True, success=False)  # envs take at least one character
+            return
+        t0 = time.perf_counter()
+        try:
+            if end.limit == "turn":
+                flag = env_attr(r.env, "flag_action_truncated")
+                if flag is not None:
+                    flag()
+            observation, reward, terminated, truncated, info = r.env.step(end.text)
+            check_reply(observation, info)
+            if terminated or truncated:
+                check_terminal_reward(reward, env_attr(r.env, "reward_range"))
+        except Exception as e:  # noqa: BLE001
+            r.fail(self.env_id, "step", e)
+            return
+        finally:
+            r.env_s += time.perf_counter() - t0
+        r.info.update(info)
+        if terminated or truncated:
+            r.finish(
+                reward,
+                truncated=bool(truncated and not terminated),
+                truncated_by="env" if truncated else None,
+            )
+        elif not self.agent.add_feedback(r.transcript, observation):
+            self._context_full(r)
+
+    def _context_full(self, r: _Run) -> None:
+        """The context window is full: the episode ends with the env's own terminal outcome
+        (``TextEnv.end_episode``: AppWorld runs its evaluator on the world as it is), or as a
+        failure for envs without one."""
+        end = env_attr(r.env, "end_episode")
+        reward, info = 0.0, {"success": False}
+        if end is not None:
+            try:
+                reward, info = end()
+                check_reply("", info)
+                check_terminal_reward(reward, env_attr(r.env, "reward_range"))
+            except Exception as e:  # noqa: BLE001
+                r.fail(self.env_id, "end_episode", e)
+                return
+        r.info.update(info)
+        r.finish(reward, truncated=True, truncated_by="context", success=bool(info.get("success")))
+
+    def close(self, runs: list[_Run]) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+        for r in runs:
+            if r.env is not None:
+                # Closing must not hide the episode's result.
+                with contextlib.suppress(Exception):
+                    r.env.close()
+
+
+def _cancel_if_early_stop(
+    runs: list[_Run], k: int, min_done_per_task: int, min_done_fraction: float
+) -> None:
+    if all(r.done for r in runs):
+        return
+    done = [sum(r.done for r in runs[i : i + k]) for i in range(0, len(runs), k)]
+    if early_stop_reached(done, k, min_done_per_task, min_done_fraction):
+        for r in runs:
+            if not r.done:
+                r.cancelled = True
+                r.finish(0.0, cancelled=True)
+
+
+def _check_arguments(
+    k: int,
+    task_ids: Sequence[str],
+    engine: Engine,
+    agent: LLMAgent,
+    min_done_fraction: float,
+    chunk_tokens: int | None,
+) -> None:
+    if k < 1:
+        raise ValueError(f"k (samples per task) must be >= 1, got {k}")
+    if not task_ids:
+        raise ValueError("task_ids is empty; pass the tasks to roll out")
+    if not 0 < min_done_fraction <= 1:
+        raise ValueError(f"min_done_fraction must lie in (0, 1], got {min_done_fraction}")
+    if chunk_tokens is not None and chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1 or None, got {chunk_tokens}")
+    if agent.max_context > engine.max_model_len:
+        raise ValueError(
+            f"agent.max_context={agent.max_context} exceeds the engine's max_model_len="
+            f"{engine.max_model_len}; lower max_context or start the engine with a longer context"
+        )
 
 
 def collect_rollouts(
-    env: str | Callable[[], Any],
+    env: EnvSource,
     task_ids: Sequence[str],
     engine: Engine,
     agent: LLMAgent,
@@ -101,7 +317,7 @@ def collect_rollouts(
 
     Args:
         env: a registered env id (made with ``gymnasium.make(env, **env_kwargs)``, one instance
-            per episode) or a zero-argument factory.
+            per episode) or a zero-argument factory (its env may be wrapped).
         engine, agent: the sampler and the conversation bookkeeping; ``agent.max_context`` must
             fit in ``engine.max_model_len``.
         sampling: temperature / top-p / top-k; ``max_tokens`` and stop ids come from the agent.
@@ -113,181 +329,75 @@ def collect_rollouts(
         keep_cancelled: also return cancelled episodes (``info["cancelled"] = True``).
         env_workers: threads stepping envs (for envs whose steps wait on I/O).
 
-    Env errors end that episode (reward 0, ``info["error"]``); an episode whose reset failed
-    has no tokens and is reported in ``stats["reset_errors"]`` instead of being returned.
+    Failed episodes (env errors, see the module docstring) are returned too, with
+    ``Episode.error`` set; one whose reset failed has no tokens.
     """
-    if k < 1:
-        raise ValueError(f"k (samples per task) must be >= 1, got {k}")
-    if not task_ids:
-        raise ValueError("task_ids is empty; pass the tasks to roll out")
-    if not 0 < min_done_fraction <= 1:
-        raise ValueError(f"min_done_fraction must lie in (0, 1], got {min_done_fraction}")
-    if chunk_tokens is not None and chunk_tokens < 1:
-        raise ValueError(f"chunk_tokens must be >= 1 or None, got {chunk_tokens}")
-    if agent.max_context > engine.max_model_len:
-        raise ValueError(
-            f"agent.max_context={agent.max_context} exceeds the engine's max_model_len="
-            f"{engine.max_model_len}; lower max_context or start the engine with a longer context"
-        )
-    base = replace(sampling or SamplingParams(), stop_token_ids=agent.stop_token_ids)
+    _check_arguments(k, task_ids, engine, agent, min_done_fraction, chunk_tokens)
     t_start = time.perf_counter()
     runs = [
         _Run(i * k + j, tid, group_offset + i) for i, tid in enumerate(task_ids) for j in range(k)
     ]
-    stats: dict[str, Any] = {"steps": 0, "generate_calls": 0, "generated_tokens": 0}
-    generate_s = env_s = 0.0
-    pool = ThreadPoolExecutor(env_workers) if env_workers > 1 else None
-    try:
-        t0 = time.perf_counter()
-        for r in runs:
-            _begin(r, env, dict(env_kwargs or {}), agent, seed)
-        env_s += time.perf_counter() - t0
-        while active := [r for r in runs if not r.done]:
-            params = []
-            for r in active:
-                budget = agent.turn_budget(r.t)
-                params.append(replace(base, max_tokens=min(budget, chunk_tokens or budget)))
-            t0 = time.perf_counter()
-            completions = engine.generate([r.t.token_ids for r in active], params, adapter)
-            dt = time.perf_counter() - t0
-            generate_s += dt
-            stats["generate_calls"] += 1
-            ended: list[tuple[_Run, TurnEnd]] = []
-            for r, c in zip(active, completions, strict=True):
-                r.generate_s += dt
-                stats["generated_tokens"] += len(c.token_ids)
-                end = agent.add_completion(r.t, c)
-                if end is not None:
-                    ended.append((r, end))
-            t0 = time.perf_counter()
-            if pool is not None:
-                list(pool.map(lambda a: _advance(*a, agent), ended))
-            else:
-                for r, end in ended:
-                    _advance(r, end, agent)
-            env_s += time.perf_counter() - t0
-            stats["steps"] += 1
-            if early_stop and any(not r.done for r in runs):
-                done = [
-                    sum(r.done for r in runs[i * k : (i + 1) * k]) for i in range(len(task_ids))
-                ]
-                if early_stop_reached(done, k, min_done_per_task, min_done_fraction):
-                    for r in runs:
-                        if not r.done:
-                            r.cancelled = True
-                            r.finish(0.0, cancelled=True)
-    finally:
-        if pool is not None:
-            pool.shutdown()
-        for r in runs:
-            if r.env is not None:
-                # Closing must not hide the episode's result.
-                with contextlib.suppress(Exception):
-                    r.env.close()
-    out = Rollouts(
-        _episode(r, env) for r in runs if r.t is not None and (keep_cancelled or not r.cancelled)
+    sampling = replace(sampling or SamplingParams(), stop_token_ids=agent.stop_token_ids)
+    collection = _Collection(
+        env, dict(env_kwargs or {}), engine, agent, sampling, adapter, chunk_tokens, env_workers
     )
-    wall = time.perf_counter() - t_start
+    try:
+        collection.start(runs, seed)
+        while active := [r for r in runs if not r.done]:
+            collection.step(active)
+            if early_stop:
+                _cancel_if_early_stop(runs, k, min_done_per_task, min_done_fraction)
+    finally:
+        collection.close(runs)
+    return _rollouts(runs, collection, keep_cancelled, time.perf_counter() - t_start)
+
+
+def _rollouts(
+    runs: list[_Run], collection: _Collection, keep_cancelled: bool, wall_s: float
+) -> Rollouts:
+    env_id = collection.env_id or _env_id(collection.source, None)
+    out = Rollouts(_episode(r, env_id) for r in runs if keep_cancelled or not r.cancelled)
+    failed = [r for r in runs if r.error is not None]
+    for r in failed:
+        log_env_error_once(r.error_key, r.error or "")
+    counted = [e for e in out if not e.failed]
+    messages = list(dict.fromkeys(r.error_key.replace("\0", ": ") for r in failed))
+    generate_s = collection.generate_s
     out.stats = {
-        **stats,
+        **collection.stats,
         "episodes": len(out),
         "cancelled": sum(r.cancelled for r in runs),
-        "errors": sum("error" in r.info for r in runs),
-        "reset_errors": [r.info["error"] for r in runs if r.t is None],
+        "env_errors": len(failed),
+        "env_error_messages": messages[:10],
         "truncated": sum(r.truncated for r in runs),
-        "mean_reward": sum(e.reward for e in out) / len(out) if out else 0.0,
+        "mean_reward": sum(e.reward for e in counted) / len(counted) if counted else 0.0,
         "generate_s": generate_s,
-        "env_s": env_s,
-        "wall_s": wall,
-        "tokens_per_s": stats["generated_tokens"] / generate_s if generate_s > 0 else 0.0,
+        "env_s": collection.env_s,
+        "wall_s": wall_s,
+        "tokens_per_s": collection.stats["generated_tokens"] / generate_s if generate_s else 0.0,
     }
     return out
 
 
-def _begin(
-    r: _Run, env: str | Callable[[], Any], env_kwargs: dict, agent: LLMAgent, seed: int
-) -> None:
-    t0 = time.perf_counter()
-    try:
-        r.env = _make_env(env, env_kwargs)
-        obs, info = r.env.reset(seed=seed + r.index, options={"task_id": r.task_id})
-    except Exception as e:  # noqa: BLE001  (one broken env must not end the batch)
-        r.fail("reset", e)
-        return
-    finally:
-        r.env_s += time.perf_counter() - t0
-    r.info.update(info)
-    r.t = agent.start(obs, r.task_id)  # a prompt over max_context is a setup error: raise
-
-
-def _advance(r: _Run, end: TurnEnd, agent: LLMAgent) -> None:
-    """Hand a finished turn's action to the env and append its answer."""
-    if end.limit == "context":
-        _context_full(r)
-        return
-    if end.limit == "turn" and agent.on_turn_budget == "truncate":
-        r.finish(0.0, truncated=True, truncated_by=end.limit, success=False)
-        return
-    if not end.text:
-        r.finish(0.0, empty_action=True, success=False)  # envs take at least one character
-        return
-    t0 = time.perf_counter()
-    try:
-        if end.limit == "turn":
-            flag = getattr(r.env.unwrapped, "flag_action_truncated", None)
-            if flag is not None:
-                flag()
-        obs, reward, terminated, truncated, info = r.env.step(end.text)
-    except Exception as e:  # noqa: BLE001
-        r.fail("step", e)
-        return
-    finally:
-        r.env_s += time.perf_counter() - t0
-    r.info.update(info)
-    if terminated or truncated:
-        r.finish(
-            reward,
-            truncated=bool(truncated and not terminated),
-            truncated_by="env" if truncated else None,
-        )
-    elif not agent.add_feedback(r.t, obs):
-        _context_full(r)
-
-
-def _context_full(r: _Run) -> None:
-    """The context window is full: the episode ends with the env's own terminal outcome
-    (``TextEnv.end_episode``: AppWorld runs its evaluator on the world as it is), or as a
-    failure for envs without one."""
-    end = getattr(r.env.unwrapped, "end_episode", None)
-    reward, info = 0.0, {"success": False}
-    if end is not None:
-        try:
-            reward, info = end()
-        except Exception as e:  # noqa: BLE001
-            r.fail("end_episode", e)
-            return
-    r.info.update(info)
-    r.finish(reward, truncated=True, truncated_by="context", success=bool(info.get("success")))
-
-
-def _episode(r: _Run, env: str | Callable[[], Any]) -> Episode:
-    t = r.t
+def _episode(r: _Run, env_id: str) -> Episode:
+    t = r.transcript
     info = {
         **r.info,
-        "actions": list(t.actions),
-        "finish_reasons": list(t.finish_reasons),
+        "actions": list(t.actions) if t else [],
+        "finish_reasons": list(t.finish_reasons) if t else [],
         "timing": {"generate_s": r.generate_s, "env_s": r.env_s, "wall_s": r.end - r.start},
-        "prompt_tokens": t.prompt_len,
+        "prompt_tokens": t.prompt_len if t else 0,
     }
     return Episode(
         task_id=r.task_id,
         group_id=r.group_id,
-        token_ids=list(t.token_ids),
-        action_mask=list(t.action_mask),
-        sampler_logprobs=list(t.logprobs),
+        token_ids=list(t.token_ids) if t else [],
+        action_mask=list(t.action_mask) if t else [],
+        sampler_logprobs=list(t.logprobs) if t else [],
         reward=r.reward,
         info=info,
-        num_turns=t.num_turns,
+        num_turns=t.num_turns if t else 0,
         truncated=r.truncated,
-        env_id=env if isinstance(env, str) else getattr(env, "__name__", ""),
+        env_id=env_id,
+        error=r.error,
     )

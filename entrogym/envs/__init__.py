@@ -22,13 +22,20 @@ from __future__ import annotations
 import gymnasium as gym
 
 from entrogym.envs.base import TextEnv, Turn, is_text_env, make_text_env, task_ids_of
+from entrogym.envs.checker import TextEnvCheckError, check_text_env
+from entrogym.envs.contract import DEFAULT_REWARD_RANGE, EnvContractError, TextEnvProtocol
 from entrogym.envs.spaces import UnicodeText
 
 __all__ = [
     "BUILTIN_ENV_IDS",
+    "DEFAULT_REWARD_RANGE",
+    "EnvContractError",
     "TextEnv",
+    "TextEnvCheckError",
+    "TextEnvProtocol",
     "Turn",
     "UnicodeText",
+    "check_text_env",
     "is_text_env",
     "make_text_env",
     "task_ids_of",

@@ -158,7 +158,7 @@ class ArithmeticEnv(TextEnv):
 
     # ----- episode -----------------------------------------------------------------------
 
-    def _begin(self, task_id: str) -> tuple[str, dict[str, Any]]:
+    def _start_task(self, task_id: str) -> tuple[str, dict[str, Any]]:
         return self.prompt_template.format(problem=self.problem(task_id).expression), {}
 
     def _respond(self, action: str) -> Turn:

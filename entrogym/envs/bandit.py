@@ -132,7 +132,7 @@ class BanditEnv(TextEnv):
             return means.astype(np.float64)
         return (self.np_random.random(means.shape) < means).astype(np.float64)
 
-    def _begin(self, task_id: str) -> tuple[str, dict[str, Any]]:
+    def _start_task(self, task_id: str) -> tuple[str, dict[str, Any]]:
         state = self.state_of(task_id)
         prompt = (
             f"Bandit state {state} of {self.n_states}. There are {self.n_arms} arms, numbered 0 "

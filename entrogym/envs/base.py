@@ -2,17 +2,27 @@
 
 An episode is a conversation: ``reset`` returns the task's first observation (the prompt),
 each ``step(action)`` takes the policy's text and returns the env's reply. Rewards are
-terminal: every step before the last returns 0, the last one returns the episode's reward,
-and its ``info`` carries ``success`` and ``reward_parts``. Single-turn tasks end after one step.
+terminal: every step before the last returns 0, the last one returns the episode's reward (within
+the env's ``reward_range``), and its ``info`` carries ``success`` and ``reward_parts``.
+Single-turn tasks end after one step. The contract is stated in :mod:`entrogym.envs.contract`
+and checked by :func:`entrogym.envs.check_text_env`.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
 
+from entrogym.envs.contract import (
+    DEFAULT_REWARD_RANGE,
+    EnvContractError,
+    check_reward_range,
+    observation_problem,
+    reward_problem,
+)
 from entrogym.envs.spaces import UnicodeText
 
 DEFAULT_MAX_CHARS = 65536
@@ -37,9 +47,13 @@ class Turn:
 class TextEnv(gym.Env[str, str]):
     """Base class for text tasks with terminal rewards.
 
-    Subclasses implement :meth:`task_ids`, :meth:`_begin` (the first observation of a task)
-    and :meth:`_respond` (the env's answer to one action). Optionally :meth:`_on_truncate`
+    Subclasses implement :meth:`task_ids`, :meth:`_start_task` (the first observation of a
+    task) and :meth:`_respond` (the env's answer to one action). Optionally :meth:`_on_truncate`
     (the terminal reward when ``max_turns`` runs out) and :meth:`has_task`.
+
+    ``reward_range`` (class attribute or constructor argument; default ``(0.0, 1.0)``, the
+    range of verifiable rewards) bounds the terminal reward: a reward outside it, or one that
+    is not finite, is an :class:`~entrogym.envs.contract.EnvContractError` naming the task.
 
     ``reset(seed=None, options={"task_id": ..., "split": ...})``: with a ``task_id`` that task
     starts; without one a task of the split (``options["split"]`` or the env's ``split``) is
@@ -48,6 +62,18 @@ class TextEnv(gym.Env[str, str]):
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
     reset_option_keys: frozenset[str] = frozenset({"task_id", "split"})
+    reward_range: tuple[float, float] = DEFAULT_REWARD_RANGE
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # ``_begin`` is the hook's former name: a subclass that still defines it keeps working.
+        if "_begin" in cls.__dict__ and "_start_task" not in cls.__dict__:
+            warnings.warn(
+                f"{cls.__name__}._begin is deprecated: rename it to _start_task",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            cls._start_task = cls.__dict__["_begin"]  # type: ignore[method-assign]
 
     def __init__(
         self,
@@ -57,6 +83,7 @@ class TextEnv(gym.Env[str, str]):
         max_observation_chars: int = DEFAULT_MAX_CHARS,
         max_action_chars: int = DEFAULT_MAX_CHARS,
         render_mode: str | None = None,
+        reward_range: tuple[float, float] | None = None,
     ) -> None:
         if not isinstance(max_turns, int) or max_turns < 1:
             raise ValueError(f"max_turns must be a positive integer, got {max_turns!r}")
@@ -71,6 +98,8 @@ class TextEnv(gym.Env[str, str]):
                 f"render_mode must be None or one of {self.metadata['render_modes']}, "
                 f"got {render_mode!r}"
             )
+        if reward_range is not None:
+            self.reward_range = check_reward_range(reward_range)
         self.split = split
         self.max_turns = max_turns
         self.render_mode = render_mode
@@ -100,9 +129,9 @@ class TextEnv(gym.Env[str, str]):
     def has_task(self, task_id: str) -> bool:
         return any(task_id in self.task_ids(s) for s in self.splits)
 
-    def _begin(self, task_id: str) -> tuple[str, dict[str, Any]]:
-        """First observation of ``task_id`` and extra reset info. Must not change ``self``'s
-        episode state: the base class commits it only once this returns."""
+    def _start_task(self, task_id: str) -> tuple[str, dict[str, Any]]:
+        """First observation of ``task_id`` (its prompt) and extra reset info. Must not change
+        ``self``'s episode state: the base class commits it only once this returns."""
         raise NotImplementedError
 
     def _respond(self, action: str) -> Turn:
@@ -160,7 +189,7 @@ class TextEnv(gym.Env[str, str]):
             candidates = self.task_ids(options.get("split"))  # raises before any state changes
             super().reset(seed=seed)
             task_id = candidates[int(self.np_random.integers(len(candidates)))]
-        observation, extra = self._begin(task_id)
+        observation, extra = self._start_task(task_id)
         self._check_observation(observation, task_id)
         self._task_id, self._turn, self._done = task_id, 0, False
         self._action_truncated = False
@@ -187,7 +216,7 @@ class TextEnv(gym.Env[str, str]):
         info: dict[str, Any] = {**end.info, "task_id": self._task_id, "turn": turns}
         reward = 0.0
         if terminated or truncated:
-            reward = float(end.reward)
+            reward = self._checked_reward(end.reward)
             info["success"] = bool(end.success)
             info["reward_parts"] = dict(end.reward_parts)
         if self._action_truncated:
@@ -204,6 +233,7 @@ class TextEnv(gym.Env[str, str]):
         if self._task_id is None or self._done:
             raise RuntimeError("end_episode() needs an episode in progress; call reset() first")
         end = self._on_truncate()
+        reward = self._checked_reward(end.reward)
         self._done = True
         info = {
             **end.info,
@@ -212,7 +242,7 @@ class TextEnv(gym.Env[str, str]):
             "success": bool(end.success),
             "reward_parts": dict(end.reward_parts),
         }
-        return float(end.reward), info
+        return reward, info
 
     def flag_action_truncated(self) -> None:
         """Tell the env that the next action was cut at the agent's token budget.
@@ -242,7 +272,16 @@ class TextEnv(gym.Env[str, str]):
                 f"{self.action_space.max_length}; raise max_action_chars or cut the action"
             )
 
+    def _checked_reward(self, reward: Any) -> float:
+        problem = reward_problem(reward, self.reward_range)
+        if problem is not None:
+            raise EnvContractError(f"{type(self).__name__}, task {self._task_id!r}: {problem}")
+        return float(reward)
+
     def _check_observation(self, observation: str, task_id: str) -> None:
+        problem = observation_problem(observation)
+        if problem is not None:
+            raise EnvContractError(f"{type(self).__name__}, task {task_id!r}: {problem}")
         if not self.observation_space.contains(observation):
             raise ValueError(
                 f"observation of task {task_id!r} ({len(observation)} characters) does not fit "
@@ -286,6 +325,16 @@ def make_text_env(env_id: str, **kwargs: Any) -> gym.Env:
     return env
 
 
+def env_attr(env: Any, name: str, default: Any = None) -> Any:
+    """``env.get_wrapper_attr(name)`` (Gymnasium wrappers do not forward entrogym's methods,
+    and a wrapper may override one), or ``default`` when the env has no such attribute."""
+    try:
+        return env.get_wrapper_attr(name)
+    except AttributeError:
+        return default
+
+
 def task_ids_of(env: gym.Env, split: str | None = None) -> list[str]:
-    """``env.unwrapped.task_ids(split)``: Gymnasium wrappers do not forward custom methods."""
-    return list(env.unwrapped.task_ids(split))
+    """``env.get_wrapper_attr("task_ids")(split)``: Gymnasium wrappers do not forward custom
+    methods, and a wrapper may override one."""
+    return list(env.get_wrapper_attr("task_ids")(split))

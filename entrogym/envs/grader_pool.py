@@ -1,4 +1,8 @@
-"""Grading worker processes: the sympy stage of :mod:`entrogym.envs.grading`, time-bounded.
+"""Grading worker processes: the time-bounded stage of :mod:`entrogym.envs.grading`.
+
+A request is ``{"answer", "reference", "normalized"}``: normalised answers go straight to sympy
+(:func:`equivalent`); raw ones (too long to normalise in the caller's process) are normalised
+and tried on the fast paths here first (:func:`judge`), inside the caller's timeout.
 
 Each worker is a subprocess speaking JSON lines over its stdin/stdout; a call that runs past its
 timeout kills the worker (sympy can spend hours on ``9^{9^{9^{9}}}``, and ``signal.alarm`` only
@@ -16,6 +20,9 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from entrogym.envs.answers import fast_verdict, normalize_answer
+from entrogym.envs.minerva import minerva
 
 STARTUP_TIMEOUT_S = 60.0  # a cold worker imports sympy, antlr and math-verify once
 _MAX_IDLE = max(1, int(os.environ.get("ENTROGYM_GRADER_WORKERS", "2")))
@@ -196,8 +203,6 @@ class Pool:
 
 def equivalent(answer: str, reference: str) -> tuple[bool, str]:
     """Worker side: lm-eval's sympy verdict, or math-verify's where lm-eval cannot parse."""
-    from entrogym.envs.grading import minerva
-
     m = minerva()
     try:
         m.parse_latex(answer)
@@ -211,6 +216,19 @@ def equivalent(answer: str, reference: str) -> tuple[bool, str]:
 
     gold, pred = parse(f"${reference}$"), parse(f"${answer}$")
     return bool(gold and pred and verify(gold, pred)), "math-verify"
+
+
+def judge(request: dict[str, Any]) -> tuple[bool, str]:
+    """Worker side: the verdict on one request (see the module docstring)."""
+    answer, reference = request["answer"], request["reference"]
+    if not request.get("normalized", True):
+        answer, reference = normalize_answer(answer), normalize_answer(reference)
+        if not answer:
+            return False, "no-answer"
+        fast = fast_verdict(answer, reference)
+        if fast is not None:
+            return fast
+    return equivalent(answer, reference)
 
 
 def worker_main() -> None:
@@ -239,7 +257,7 @@ def worker_main() -> None:
     for line in sys.stdin:
         try:
             req = json.loads(line)
-            correct, method = equivalent(req["answer"], req["reference"])
+            correct, method = judge(req)
             reply = {"correct": correct, "method": method}
         except BaseException as e:  # noqa: BLE001 - MemoryError, RecursionError: answer "no"
             reply = {"correct": False, "method": f"error: {type(e).__name__}"}

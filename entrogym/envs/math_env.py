@@ -95,7 +95,7 @@ class MathEnv(TextEnv):
         """The reference answer of ``task_id``."""
         return self._problems[task_id].answer
 
-    def _begin(self, task_id: str) -> tuple[str, dict[str, Any]]:
+    def _start_task(self, task_id: str) -> tuple[str, dict[str, Any]]:
         problem = self._problems[task_id]
         prompt = self.prompt_template.format(problem=problem.problem)
         return prompt, {"max_response_tokens": self.max_response_tokens}

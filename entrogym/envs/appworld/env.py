@@ -11,6 +11,10 @@ Each env owns one server process, started on the first reset and stopped by ``cl
 AppWorld's server holds one world, so concurrent episodes (grouped rollouts) use one env each.
 Every episode writes to its own AppWorld experiment folder, removed after evaluation unless
 ``experiment_name`` is given (``entrogym eval`` keeps them for AppWorld's own report).
+
+Two hooks serve ``entrogym eval`` (it reaches them with ``env.get_wrapper_attr``):
+:meth:`AppWorldEnv.evaluation_env_kwargs` and :meth:`AppWorldEnv.evaluation_report` (TGC/SGC
+and AppWorld's own evaluator's report; :mod:`.report`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from entrogym.envs.appworld import report
 from entrogym.envs.appworld.client import AppWorldClient, ServerDied, ServerError
 from entrogym.envs.appworld.metrics import scenario_id
 from entrogym.envs.appworld.prompt import (
@@ -149,7 +154,7 @@ class AppWorldEnv(TextEnv):
         assert self.client is not None
         return self.client
 
-    def _begin(self, task_id: str) -> tuple[str, dict[str, Any]]:
+    def _start_task(self, task_id: str) -> tuple[str, dict[str, Any]]:
         self._finish_open_episode()
         self._episode += 1
         experiment = self.experiment_name or f"entrogym-{self._env_uid}-{self._episode}"
@@ -262,6 +267,34 @@ class AppWorldEnv(TextEnv):
                 self.root / "experiments" / "outputs" / self._experiment, ignore_errors=True
             )
             self._experiment = None
+
+    # ----- evaluation hooks (``env.get_wrapper_attr(name)`` from the eval command) ---------
+
+    def evaluation_env_kwargs(self, samples: int) -> dict[str, Any]:
+        """Env keyword arguments for an evaluation's rollouts with ``samples`` per task:
+        ``reward="binary"``, ``max_turns=50`` and, with one sample per task, a fresh shared
+        ``experiment_name`` (outputs kept for :meth:`evaluation_report`). The command's own
+        options win over these."""
+        return report.evaluation_env_kwargs(samples)
+
+    def evaluation_report(
+        self, results: dict[str, Any], out_dir: Path | None, **options: Any
+    ) -> dict[str, Any]:
+        """Extra summary fields of an evaluation on this env's AppWorld root.
+
+        ``results``: ``episodes`` (the eval's :class:`~entrogym.agents.episode.Episode` s),
+        ``tasks`` (the task ids evaluated, in order), ``samples`` (per task) and ``split``.
+        ``out_dir``: where copies of AppWorld's report files go (``appworld-report.json`` and
+        ``.txt``; None: none). ``options``: ``report_name`` (default: the split),
+        ``run_report`` (default True), ``timeout_s`` (600).
+
+        Returns ``tgc``, ``sgc`` (fractions, averaged over the samples), ``tgc_runs``,
+        ``sgc_runs``, ``not_evaluated`` (episodes that ended before AppWorld scored them),
+        ``appworld_report`` (AppWorld's own evaluator's result, or why it was skipped: it needs
+        one sample per task and the outputs kept), ``report_lines`` (for the printed summary)
+        and, when the report ran, ``experiment_name``.
+        """
+        return report.evaluation_report(self.root, results, out_dir, **options)
 
     def close(self) -> None:
         self._finish_open_episode()
