@@ -28,11 +28,25 @@ from jsonargparse import ActionConfigFile, ActionYesNo, ArgumentParser
 
 import entrogym  # noqa: F401  (registers entrogym/Bandit-v0)
 from entrogym.algos.entropy import token_entropy_from_logits
-from entrogym.algos.presets import ALGORITHMS, get_algorithm
+from entrogym.algos.presets import ALGORITHMS
 from entrogym.algos.update import EntropyControl, policy_update
 from entrogym.theory.tabular import INITS, TabularSoftmaxPolicy, initial_logits
 
+# A lab entry is a preset or a labelled variant ("repo-r (zeta_max=0.5)"), resolved here.
+from entrogym.theory.variants import get_algorithm
+
 OPTIMIZERS = ("sgd", "adam")
+# Beside the paper-cap presets, `entrogym bandit` runs these variants scaled to the toy, taken
+# from the regime map in docs/bandit.md (3-seed sweeps at the lab's defaults, lr 64, 50 iters):
+# at lr 64 REPO-R holds entropy only with one optimizer step per iteration, so GRPO runs with
+# that same step count too; REPO-D and the bonus hold with a smaller cap than the paper's 10.
+# ADAPO has no variant: no clip setting held entropy in this toy (see the regime map).
+TOY_VARIANTS = (
+    "grpo (epochs=1 minibatch_size=None)",
+    "repo-r (zeta_max=0.5 epochs=1 minibatch_size=None)",
+    "repo-d (zeta_max=0.5)",
+    "grpo-entropy-bonus (zeta_max=0.2)",
+)
 LOGGED_METRICS = ("clip_frac_low", "clip_frac_high", "approx_kl", "ratio_max", "loss")
 
 
@@ -40,7 +54,7 @@ LOGGED_METRICS = ("clip_frac_low", "clip_frac_high", "approx_kl", "ratio_max", "
 class LabConfig:
     """Defaults of ``entrogym bandit`` (what ``make demo`` runs)."""
 
-    algos: list[str] = field(default_factory=lambda: list(ALGORITHMS))
+    algos: list[str] = field(default_factory=lambda: [*ALGORITHMS, *TOY_VARIANTS])
     seeds: int = 3
     iters: int = 50
     n_states: int = 32
@@ -55,11 +69,16 @@ class LabConfig:
     max_grad_norm: float = 0.0
 
     def validate(self) -> None:
-        unknown = [a for a in self.algos if a not in ALGORITHMS]
-        if unknown or not self.algos:
-            raise ValueError(
-                f"algos: unknown {unknown or 'empty list'}; choose from {', '.join(ALGORITHMS)}"
-            )
+        if not self.algos:
+            raise ValueError(f"algos: empty list; choose from {', '.join(ALGORITHMS)}")
+        for label in self.algos:
+            try:
+                get_algorithm(label)
+            except ValueError as e:
+                raise ValueError(
+                    f"algos: {e} (presets: {', '.join(ALGORITHMS)}; a variant is written "
+                    f"'repo-r (zeta_max=0.5)')"
+                ) from None
         for name in ("seeds", "iters", "n_states"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
