@@ -296,13 +296,13 @@ def parse_sweep_args(argv: list[str]) -> SweepArgs:
     algos = _split(options.pop("algos"))
     args = SweepArgs(algos=algos, grid={})
     if "seeds" in options:
-        args.seeds = int(options.pop("seeds"))
+        args.seeds = int(convert("seeds", options.pop("seeds"), int))
     if "out" in options:
         args.out = Path(options.pop("out"))
     if "heatmap" in options:
         args.heatmap = _split(options.pop("heatmap"))
     if "workers" in options:
-        args.workers = int(options.pop("workers"))
+        args.workers = int(convert("workers", options.pop("workers"), int))
     check_grid(algos, {k: [None] for k in options})  # names first, before reading values
     args.grid = {k: [parse_grid_value(k, v) for v in _split(text)] for k, text in options.items()}
     check_grid(algos, args.grid)
@@ -327,7 +327,11 @@ def sweep_cli(argv: list[str], prog: str = "entrogym bandit sweep") -> int:
     cells = len(grid_cells(args.grid)) * len(args.algos)
     print(f"bandit sweep: {cells} cells x {args.seeds} seeds", flush=True)
     start = time.perf_counter()
-    table = run_sweep(args.algos, args.grid, seeds=args.seeds, workers=args.workers)
+    try:  # every cell's settings are checked before the first run starts
+        table = run_sweep(args.algos, args.grid, seeds=args.seeds, workers=args.workers)
+    except ValueError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 2
     elapsed = time.perf_counter() - start
     paths = write_sweep(args.out, table, args.grid, args.heatmap or [])
     keys = list(table[0])

@@ -50,6 +50,8 @@ def test_grid_values_are_typed_and_crossed() -> None:
         (["--algos", "grpo"], ["empty grid"]),
         (["--algos", "ppo2", "--lr", "1"], ["ppo2", "repo-r"]),
         (["--algos", "grpo", "--algo.epochs", "two"], ["epochs", "two"]),
+        (["--algos", "grpo", "--lr", "-1,2"], ["lr must be > 0"]),
+        (["--algos", "grpo", "--lr", "1", "--seeds", "x"], ["seeds"]),
     ],
 )
 def test_bad_input_names_the_valid_choices(argv: list[str], words: list[str], capsys) -> None:
