@@ -142,7 +142,7 @@ def plot_curves(rows: list[dict[str, Any]], initials: dict, path: Path) -> None:
         "dashed = variant scaled to the toy)"
     )
     rows_of_legend = -(-len(algos) // 3)
-    fig.tight_layout(rect=(0, 0.05 * rows_of_legend, 1, 1))
+    fig.tight_layout(rect=(0, 0.035 * rows_of_legend, 1, 1))
     try:
         with atomic_path(path) as tmp:
             fig.savefig(tmp, dpi=110)

@@ -150,10 +150,12 @@ def run_sweep(
     tasks = [
         (i, label, seed, lab) for i, (_, _, label, lab) in enumerate(runs) for seed in range(seeds)
     ]
-    results = _run_tasks(tasks, workers or os.cpu_count() or 1)
+    by_run: dict[int, list[tuple]] = {}
+    for result in _run_tasks(tasks, workers or os.cpu_count() or 1):
+        by_run.setdefault(result[0], []).append(result)
     table = []
     for i, (algo, cell, label, lab) in enumerate(runs):
-        mine = sorted((r for r in results if r[0] == i), key=lambda r: r[1])
+        mine = sorted(by_run[i], key=lambda r: r[1])  # seed order, as the lab runs them
         rows = [row for r in mine for row in r[3]]
         summary = summarize(rows, {(label, r[1]): r[2] for r in mine}, lab)[label]
         table.append(
@@ -343,3 +345,7 @@ def sweep_cli(argv: list[str], prog: str = "entrogym bandit sweep") -> int:
     written = [args.out / "sweep.csv", args.out / "sweep.json", *paths]
     print(f"{elapsed:.0f}s; wrote {', '.join(str(p) for p in written)}")
     return 0
+
+
+if __name__ == "__main__":  # python -m entrogym.theory.sweep ... (spawned workers skip this)
+    sys.exit(sweep_cli(sys.argv[1:]))
