@@ -75,9 +75,9 @@ class LabConfig:
             try:
                 get_algorithm(label)
             except ValueError as e:
+                message = str(e) if str(e).startswith("algos:") else f"algos: {e}"
                 raise ValueError(
-                    f"algos: {e} (presets: {', '.join(ALGORITHMS)}; a variant is written "
-                    f"'repo-r (zeta_max=0.5)')"
+                    f"{message} (a variant is written 'repo-r (zeta_max=0.5)')"
                 ) from None
         for name in ("seeds", "iters", "n_states"):
             if getattr(self, name) < 1:
