@@ -100,6 +100,9 @@ def test_lab_runs_every_preset_and_writes_outputs(tmp_path: Path, capsys) -> Non
         "dapo_above_loop",
         "repo-r_holds_entropy",
         "adapo_holds_entropy",
+        "grpo_loses_half",
+        "repo-d_holds_entropy",
+        "grpo-entropy-bonus_holds_entropy",
     }
     png = (out / "entropy.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000

@@ -30,7 +30,6 @@ from entrogym.algos import (
     ALGORITHMS,
     AlgorithmConfig,
     UpdateBatch,
-    get_algorithm,
     make_control,
     policy_update,
     preset_knobs,
@@ -38,7 +37,21 @@ from entrogym.algos import (
 )
 from entrogym.theory.tabular import INITS, TabularSoftmaxPolicy, initial_logits
 
+# A lab entry is a preset or a labelled variant ("repo-r (zeta_max=0.5)"), resolved here.
+from entrogym.theory.variants import get_algorithm, parse_variant
+
 OPTIMIZERS = ("sgd", "adam")
+# Beside the paper-cap presets, `entrogym bandit` runs these variants scaled to the toy, taken
+# from the regime map in docs/bandit.md (3-seed sweeps at the lab's defaults, lr 64, 50 iters):
+# at lr 64 REPO-R holds entropy only with one optimizer step per iteration, so GRPO runs with
+# that same step count too; REPO-D and the bonus hold with a smaller cap than the paper's 10.
+# ADAPO has no variant: no clip setting held entropy in this toy (see the regime map).
+TOY_VARIANTS = (
+    "grpo (epochs=1 minibatch_size=None)",
+    "repo-r (zeta_max=0.5 epochs=1 minibatch_size=None)",
+    "repo-d (zeta_max=0.5)",
+    "grpo-entropy-bonus (zeta_max=0.2)",
+)
 LOGGED_METRICS = ("clip_frac_low", "clip_frac_high", "approx_kl", "ratio_max", "loss")
 
 
@@ -63,7 +76,7 @@ class LabConfig:
         knobs: preset knobs applied to every chosen preset that has them (e.g. zeta_max).
     """
 
-    algos: list[str] = field(default_factory=lambda: list(ALGORITHMS))
+    algos: list[str] = field(default_factory=lambda: [*ALGORITHMS, *TOY_VARIANTS])
     seeds: int = 3
     iters: int = 50
     n_states: int = 32
@@ -79,11 +92,16 @@ class LabConfig:
     knobs: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
-        unknown = [a for a in self.algos if a not in ALGORITHMS]
-        if unknown or not self.algos:
-            raise ValueError(
-                f"algos: unknown {unknown or 'empty list'}; choose from {', '.join(ALGORITHMS)}"
-            )
+        if not self.algos:
+            raise ValueError(f"algos: empty list; choose from {', '.join(ALGORITHMS)}")
+        for label in self.algos:
+            try:
+                get_algorithm(label)
+            except ValueError as e:
+                message = str(e) if str(e).startswith("algos:") else f"algos: {e}"
+                raise ValueError(
+                    f"{message} (a variant is written 'repo-r (zeta_max=0.5)')"
+                ) from None
         for name in ("seeds", "iters", "n_states"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -103,17 +121,20 @@ class LabConfig:
                 f"max_grad_norm must be >= 0 (0 = no clipping), got {self.max_grad_norm}"
             )
         for knob in self.knobs:
-            if not any(knob in preset_knobs(a) for a in self.algos):
+            if not any(knob in preset_knobs(parse_variant(a)[0]) for a in self.algos):
                 raise ValueError(
                     f"algo.{knob} is a knob of none of the chosen presets ({', '.join(self.algos)})"
                 )
         for algo in self.algos:
             self.algorithm(algo)  # a knob value the preset refuses fails here
 
-    def algorithm(self, algo: str) -> AlgorithmConfig:
-        """Preset ``algo`` with the knobs it has applied."""
-        allowed = preset_knobs(algo)
-        return get_algorithm(algo, **{k: v for k, v in self.knobs.items() if k in allowed})
+    def algorithm(self, label: str) -> AlgorithmConfig:
+        """Preset or variant ``label`` with the lab-wide knobs its preset has applied (a knob
+        written in the label wins over the lab-wide one)."""
+        name, own = parse_variant(label)
+        allowed = preset_knobs(name)
+        shared = {k: v for k, v in self.knobs.items() if k in allowed}
+        return get_algorithm(name, **{**shared, **own})
 
 
 def _optimizer(lab: LabConfig, policy: torch.nn.Module) -> torch.optim.Optimizer:
@@ -189,6 +210,7 @@ def run_one(
     sees the same problems for the same seed.
     """
     config = lab.algorithm(algo) if isinstance(algo, str) else algo
+    label = algo if isinstance(algo, str) else config.name  # a variant keeps its label
     env, policy = _problem(lab, seed)
     optimizer = _optimizer(lab, policy)
     generator = torch.Generator().manual_seed(seed)
@@ -221,7 +243,7 @@ def run_one(
             zero_grad=optimizer.zero_grad,
             generator=generator,
         )
-        row = {"algo": config.name, "seed": seed, "iteration": iteration, **_row(policy, means, m)}
+        row = {"algo": label, "seed": seed, "iteration": iteration, **_row(policy, means, m)}
         row.update({key: m[key] for key in control.metrics() if key not in row})  # custom ones
         rows.append(row)
     return initial, rows

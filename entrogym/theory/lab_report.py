@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from entrogym.atomic import atomic_path, atomic_write_text
+from entrogym.theory.variants import get_algorithm, parse_variant
 
 # REPO-R and ADAPO should hold entropy near the target: final within this share of the initial.
 HOLD_TOLERANCE = 0.25
@@ -79,7 +80,35 @@ def check_claims(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 "holds": abs(ratio - 1.0) <= HOLD_TOLERANCE,
                 "final_over_initial": ratio,
             }
+    claims.update(controller_claims(summary))
     return claims
+
+
+def controller_claims(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """GRPO loses more than half of its entropy, and each other controlled run (paper cap or
+    labelled variant) holds within ``HOLD_TOLERANCE``, with its reward cost against GRPO.
+
+    The paper-cap REPO-R / ADAPO claims keep their own keys (above); this adds the rest.
+    """
+    claims: dict[str, dict[str, Any]] = {}
+    runs = {k: v for k, v in summary.items() if k not in RESERVED_KEYS}
+    grpo_reward = runs["grpo"]["reward_final"] if "grpo" in runs else None
+    for label, s in runs.items():
+        name, _ = parse_variant(label)
+        ratio = s["entropy_final"] / s["entropy_initial"]
+        if name == "grpo":
+            claims[f"{label}_loses_half"] = {"holds": ratio < 0.5, "final_over_initial": ratio}
+        elif _control(name) is not None and label not in ("repo-r", "adapo"):
+            claim = {"holds": abs(ratio - 1.0) <= HOLD_TOLERANCE, "final_over_initial": ratio}
+            if grpo_reward is not None:
+                claim["reward_cost_vs_grpo"] = grpo_reward - s["reward_final"]
+            claims[f"{label}_holds_entropy"] = claim
+    return claims
+
+
+def _control(name: str) -> str | None:
+    config = get_algorithm(name)
+    return getattr(config, "control", getattr(config, "entropy_control", None))
 
 
 def plot_curves(rows: list[dict[str, Any]], initials: dict, path: Path) -> None:
@@ -90,23 +119,30 @@ def plot_curves(rows: list[dict[str, Any]], initials: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     algos = list(dict.fromkeys(r["algo"] for r in rows))
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    presets = list(dict.fromkeys(parse_variant(a)[0] for a in algos))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5 + 0.25 * -(-len(algos) // 3)))
     colors = plt.get_cmap("tab10")
-    for i, algo in enumerate(algos):
+    for algo in algos:
+        # A variant takes its preset's colour, dashed, so the paper-cap run sits beside it.
+        name, overrides = parse_variant(algo)
+        color, style = colors(presets.index(name) % 10), "--" if overrides else "-"
         for ax, key in zip(axes, ("entropy", "reward"), strict=True):
             curves = _curves(rows, initials, algo, key)
             x = np.arange(curves.shape[1])
-            ax.plot(x, curves.mean(axis=0), color=colors(i % 10), label=algo, lw=1.5)
-            ax.fill_between(
-                x, curves.min(axis=0), curves.max(axis=0), color=colors(i % 10), alpha=0.15
-            )
+            ax.plot(x, curves.mean(axis=0), color=color, ls=style, label=algo, lw=1.5)
+            ax.fill_between(x, curves.min(axis=0), curves.max(axis=0), color=color, alpha=0.12)
     axes[0].set(xlabel="iteration", ylabel="exact policy entropy (nats, mean over states)")
     axes[1].set(xlabel="iteration", ylabel="expected reward")
-    axes[0].legend(fontsize=8, ncol=2)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8, frameon=False)
     for ax in axes:
         ax.grid(alpha=0.3)
-    fig.suptitle("Bandit lab: tabular softmax policy (mean over seeds, band = min..max)")
-    fig.tight_layout()
+    fig.suptitle(
+        "Bandit lab: tabular softmax policy (mean over seeds, band = min..max; "
+        "dashed = variant scaled to the toy)"
+    )
+    rows_of_legend = -(-len(algos) // 3)
+    fig.tight_layout(rect=(0, 0.035 * rows_of_legend, 1, 1))
     try:
         with atomic_path(path) as tmp:
             fig.savefig(tmp, dpi=110)
@@ -126,13 +162,14 @@ def write_outputs(
 
 def format_table(summary: dict[str, Any]) -> str:
     """The summary as an aligned text table followed by the claim checks."""
-    header = f"{'algorithm':<20} {'H init':>7} {'H final':>8} {'final/init':>10} {'R init':>7} {'R final':>8} {'cum H':>8}"
+    width = max([20, *(len(k) for k in summary if k not in RESERVED_KEYS)])
+    header = f"{'algorithm':<{width}} {'H init':>7} {'H final':>8} {'final/init':>10} {'R init':>7} {'R final':>8} {'cum H':>8}"
     lines = [header, "-" * len(header)]
     for algo, s in summary.items():
         if algo in RESERVED_KEYS:
             continue
         lines.append(
-            f"{algo:<20} {s['entropy_initial']:>7.3f} {s['entropy_final']:>8.3f} "
+            f"{algo:<{width}} {s['entropy_initial']:>7.3f} {s['entropy_final']:>8.3f} "
             f"{s['entropy_final_ratio']:>10.2f} {s['reward_initial']:>7.3f} "
             f"{s['reward_final']:>8.3f} {s['cumulative_entropy']:>8.1f}"
         )

@@ -1,0 +1,83 @@
+"""Labelled preset variants for the bandit lab: ``"repo-r (zeta_max=0.5)"``.
+
+A label is a preset name, optionally followed by knob overrides in parentheses, separated by
+spaces (or commas): ``"adapo (epochs=8 minibatch_size=32)"``. The lab resolves every entry of
+``LabConfig.algos`` with :func:`get_algorithm`, so a variant runs through exactly the code path
+of its preset, with ``entrogym.algos.presets.get_algorithm(name, **overrides)``. The presets
+themselves keep the paper's values; variants only scale a few knobs to the toy.
+"""
+
+from __future__ import annotations
+
+import re
+import typing
+
+from entrogym.algos import presets
+from entrogym.algos.presets import AlgorithmConfig, preset_knobs
+
+_LABEL = re.compile(r"^\s*([A-Za-z0-9_.-]+)\s*(?:\((.*)\))?\s*$")
+
+
+def parse_knob_value(knob: str, text: str) -> object:
+    """``text`` converted to the type of ``AlgorithmConfig.<knob>`` ("none" for optional ones)."""
+    hints = typing.get_type_hints(AlgorithmConfig)
+    if knob not in hints:
+        raise ValueError(f"unknown preset knob {knob!r}; known: {', '.join(sorted(hints))}")
+    return convert(knob, text, hints[knob])
+
+
+def convert(name: str, text: str, hint: object) -> object:
+    """``text`` as a value of type ``hint`` (int, float, str, bool, or Optional of those)."""
+    text = str(text).strip()
+    args = typing.get_args(hint)
+    if type(None) in args:
+        if text.lower() in ("none", "null"):
+            return None
+        hint = next(a for a in args if a is not type(None))
+    try:
+        if hint is bool:
+            if text.lower() not in ("true", "false"):
+                raise ValueError
+            return text.lower() == "true"
+        if hint in (int, float):
+            return hint(text)
+    except ValueError:
+        raise ValueError(
+            f"{name}: cannot read {text!r} as {getattr(hint, '__name__', hint)}"
+        ) from None
+    return text
+
+
+def parse_variant(label: str) -> tuple[str, dict[str, object]]:
+    """``"repo-r (zeta_max=0.5)"`` -> ``("repo-r", {"zeta_max": 0.5})``; checks the knobs."""
+    match = _LABEL.match(label)
+    if match is None:
+        raise ValueError(
+            f"algos: cannot read {label!r}; write a preset name, optionally with knobs, "
+            f"e.g. 'repo-r (zeta_max=0.5 epochs=4)'"
+        )
+    name, inner = match.group(1), match.group(2) or ""
+    knobs = preset_knobs(name)
+    overrides: dict[str, object] = {}
+    for item in (part for part in re.split(r"[\s,]+", inner.strip()) if part):
+        key, sep, value = item.partition("=")
+        if not sep or key not in knobs:
+            raise ValueError(
+                f"algos: {item!r} in {label!r} is not a knob=value of preset {name!r}; "
+                f"its knobs: {', '.join(knobs)}"
+            )
+        overrides[key] = parse_knob_value(key, value)
+    return name, overrides
+
+
+def variant_label(name: str, overrides: dict[str, object]) -> str:
+    """The label of preset ``name`` with ``overrides`` (the bare name when there are none)."""
+    if not overrides:
+        return name
+    return f"{name} ({' '.join(f'{k}={v}' for k, v in overrides.items())})"
+
+
+def get_algorithm(label: str, **overrides: object) -> AlgorithmConfig:
+    """``entrogym.algos.presets.get_algorithm`` for a preset name or a labelled variant."""
+    name, knobs = parse_variant(label)
+    return presets.get_algorithm(name, **{**knobs, **overrides})

@@ -1,0 +1,76 @@
+"""``entrogym bandit sweep``: grid parsing, bad input, and cells equal to single lab runs."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from entrogym.theory.lab import LabConfig, run_lab
+from entrogym.theory.sweep import grid_cells, parse_sweep_args, run_sweep, sweep_cli
+
+TINY = LabConfig(iters=6, n_states=4, n_arms=6, samples_per_state=4)
+
+
+def test_a_cell_gives_the_numbers_of_the_single_lab_run() -> None:
+    table = run_sweep(
+        ["repo-r"], {"lr": [8.0, 32.0], "algo.zeta_max": [0.5]}, seeds=2, base=TINY, workers=2
+    )
+    assert [row["lr"] for row in table] == [8.0, 32.0]
+    assert "algo.zeta_max" not in table[0]  # given once: fixed, not a column
+    label = "repo-r (zeta_max=0.5)"
+    for row in table:
+        lab = LabConfig(**{**vars(TINY), "algos": [label], "seeds": 2, "lr": row["lr"]})
+        single = run_lab(lab)[label]
+        assert row["entropy_ratio"] == single["entropy_final_ratio"]
+        assert row["reward_final"] == single["reward_final"]
+        assert row["cumulative_entropy"] == single["cumulative_entropy"]
+    assert table[0]["entropy_ratio"] != table[1]["entropy_ratio"]
+
+
+def test_grid_values_are_typed_and_crossed() -> None:
+    args = parse_sweep_args(
+        ["--algos", "adapo,grpo", "--lr", "4,16", "--algo.minibatch_size=none,32", "--seeds", "2"]
+    )
+    assert args.algos == ["adapo", "grpo"] and args.seeds == 2
+    assert args.grid == {"lr": [4.0, 16.0], "algo.minibatch_size": [None, 32]}
+    assert len(grid_cells(args.grid)) == 4
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--algos", "grpo", "--learning_rate", "1,2"], ["learning_rate", "lr", "n_arms"]),
+        (
+            ["--algos", "repo-r,grpo", "--algo.zeta_max", "0.5"],
+            ["zeta_max", "'grpo'", "algo.epochs"],
+        ),
+        (["--algos", "grpo", "--lr", ","], ["empty grid", "lr"]),
+        (["--algos", "grpo"], ["empty grid"]),
+        (["--algos", "ppo2", "--lr", "1"], ["ppo2", "repo-r"]),
+        (["--algos", "grpo", "--algo.epochs", "two"], ["epochs", "two"]),
+        (["--algos", "grpo", "--lr", "-1,2"], ["lr must be > 0"]),
+        (["--algos", "grpo", "--lr", "1", "--seeds", "x"], ["seeds"]),
+    ],
+)
+def test_bad_input_names_the_valid_choices(argv: list[str], words: list[str], capsys) -> None:
+    assert sweep_cli([*argv, "--out", "/nonexistent/x"]) == 2
+    err = capsys.readouterr().err
+    for word in words:
+        assert word in err, (word, err)
+
+
+def test_cli_writes_table_and_heatmaps(tmp_path: Path, capsys) -> None:
+    argv = ["--algos", "repo-r,repo-d", "--algo.zeta_max", "0.05,0.5", "--lr", "8,16"]
+    tiny = ["--iters", "4", "--n_states", "3", "--n_arms", "4", "--samples_per_state", "3"]
+    assert sweep_cli([*argv, *tiny, "--seeds", "1", "--workers", "1", "--out", str(tmp_path)]) == 0
+    with open(tmp_path / "sweep.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 8
+    assert list(rows[0])[:3] == ["algo", "algo.zeta_max", "lr"]
+    assert {"entropy_ratio", "reward_final", "cumulative_entropy"} <= set(rows[0])
+    assert all(0 < float(r["entropy_ratio"]) < 3 for r in rows)
+    for algo in ("repo-r", "repo-d"):
+        assert (tmp_path / f"sweep_{algo}.png").stat().st_size > 1000
+    assert "sweep.csv" in capsys.readouterr().out

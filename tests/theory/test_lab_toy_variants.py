@@ -1,0 +1,26 @@
+"""`entrogym bandit` defaults: the toy-scaled variants hold entropy where GRPO loses half."""
+
+from __future__ import annotations
+
+from entrogym.algos.presets import ALGORITHMS
+from entrogym.theory.lab import TOY_VARIANTS, LabConfig, run_lab
+from entrogym.theory.lab_report import HOLD_TOLERANCE, format_table
+
+
+def test_defaults_run_paper_presets_then_toy_variants() -> None:
+    assert LabConfig().algos == [*ALGORITHMS, *TOY_VARIANTS]
+    LabConfig().validate()
+
+
+def test_each_controller_variant_holds_while_grpo_loses_half() -> None:
+    summary = run_lab(LabConfig(algos=["grpo", *TOY_VARIANTS]))
+    claims = summary["claims"]
+    assert claims["grpo_loses_half"]["holds"]
+    assert claims["grpo (epochs=1 minibatch_size=None)_loses_half"]["holds"]
+    for label in TOY_VARIANTS[1:]:
+        claim = claims[f"{label}_holds_entropy"]
+        assert claim["holds"], (label, claim)
+        assert abs(claim["final_over_initial"] - 1) <= HOLD_TOLERANCE
+        assert 0 < claim["reward_cost_vs_grpo"] < 0.1  # entropy is bought with some reward
+    table = format_table(summary)
+    assert all(label in table for label in TOY_VARIANTS)
