@@ -18,11 +18,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
 from entrogym.agents.agent import LLMAgent
 from entrogym.agents.engines import SamplingParams, make_engine
-from entrogym.agents.mismatch import sampler_mismatch
 from entrogym.agents.rollout import collect_rollouts
 from entrogym.envs.base import TextEnv, Turn
 from entrogym.models import resolve_model
 from entrogym.train.logprobs import sequence_logprobs
+from entrogym.train.mismatch import sampler_mismatch
 
 pytestmark = pytest.mark.slow
 MODEL = "tiny-random-llama"

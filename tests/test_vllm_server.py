@@ -16,11 +16,11 @@ import entrogym  # noqa: F401
 from entrogym.agents.agent import LLMAgent
 from entrogym.agents.engines import SamplingParams, make_engine
 from entrogym.agents.engines.vllm_server import ServerError, VLLMServerEngine
-from entrogym.agents.mismatch import episodes_mismatch
 from entrogym.agents.rollout import collect_rollouts
 from entrogym.envs.base import make_text_env, task_ids_of
 from entrogym.localserver import free_port
 from entrogym.models import resolve_model
+from entrogym.train.mismatch import episodes_mismatch
 
 MODEL = "tiny-random-llama"
 

@@ -19,7 +19,6 @@ import yaml
 from entrogym.agents.agent import LLMAgent
 from entrogym.agents.engines import Engine, SamplingParams, make_engine
 from entrogym.agents.episode import Episode
-from entrogym.agents.mismatch import sampler_mismatch
 from entrogym.agents.rollout import collect_rollouts
 from entrogym.algos.buffer import Batch, EpisodeBuffer
 from entrogym.algos.presets import get_algorithm
@@ -39,6 +38,7 @@ from entrogym.train.config import TrainConfig
 from entrogym.train.evaluation import evaluate_policy
 from entrogym.train.logprobs import sequence_logprobs, sequence_logprobs_and_entropy
 from entrogym.train.metrics import MetricsLogger, progress
+from entrogym.train.mismatch import sampler_mismatch
 from entrogym.train.policy import LoraSettings, load_policy, save_adapter, trainable_parameters
 from entrogym.train.precision import loss_scaler_for, resolve_dtype
 
