@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from entrogym.agents.engines import Engine, SamplingParams
 from entrogym.agents.episode import Episode
 from entrogym.algos.buffer import EpisodeBuffer
 from entrogym.train.logprobs import sequence_logprobs, sequence_logprobs_and_entropy
@@ -172,3 +173,37 @@ def episodes_entropy_gap(
     ``temperature`` if it is not 1; other options as :func:`score_episodes`)."""
     logp, _, mask, ent = score_episodes(model, episodes, with_entropy=True, **kwargs)
     return sampler_entropy_gap(logp, ent, mask)
+
+
+def engine_entropy_gap(
+    engine: Engine,
+    model: torch.nn.Module,
+    prompt_ids: Sequence[int],
+    params: SamplingParams,
+    *,
+    samples: int = 32,
+) -> dict[str, float | int | None]:
+    """Self-check of an engine's sampler: ``samples`` completions of ``prompt_ids`` with
+    ``params``, scored exactly by ``model`` (the policy the engine serves, base weights) at
+    the sampling temperature; returns :func:`sampler_entropy_gap`. An engine that samples the
+    policy gives |z| <= :data:`ENTROPY_GAP_MAX_Z`; aim for 1000 sampled tokens or more."""
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
+    if params.temperature <= 0:
+        raise ValueError("params.temperature must be > 0: greedy decoding has no entropy to check")
+    prompt = [int(t) for t in prompt_ids]
+    out = engine.generate([prompt] * samples, params)
+    width = len(prompt) + max(len(c.token_ids) for c in out)
+    ids = torch.zeros((samples, width), dtype=torch.long)
+    attention = torch.zeros((samples, width), dtype=torch.long)
+    for row, c in enumerate(out):
+        ids[row, : len(prompt) + len(c.token_ids)] = torch.tensor(prompt + c.token_ids)
+        attention[row, : len(prompt) + len(c.token_ids)] = 1
+    mask = attention.clone()
+    mask[:, : len(prompt)] = 0
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        logp, ent = sequence_logprobs_and_entropy(
+            model, ids.to(device), attention.to(device), temperature=params.temperature
+        )
+    return sampler_entropy_gap(logp.cpu(), ent.cpu(), mask)

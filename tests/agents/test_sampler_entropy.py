@@ -13,8 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from entrogym.agents.engines import SamplingParams, make_engine
 from entrogym.models import resolve_model
-from entrogym.train.logprobs import sequence_logprobs_and_entropy
-from entrogym.train.mismatch import ENTROPY_GAP_MAX_Z, sampler_entropy_gap
+from entrogym.train.mismatch import ENTROPY_GAP_MAX_Z, engine_entropy_gap, sampler_entropy_gap
 
 MODEL = "tiny-random-llama"
 
@@ -57,19 +56,11 @@ def test_entropy_gap_leaves_out_non_finite_positions_and_checks_input():
     assert one["num_tokens"] == 1 and one["z"] is None
 
 
-def sample_and_score(engine, model, params: SamplingParams, prompts: int = 32):
-    """Sample ``prompts`` completions of one prompt; the trainer's exact scores of them."""
-    prompt = [1, 504, 3158, 314, 253, 1345, 28]
-    out = engine.generate([prompt] * prompts, params)
-    width = len(prompt) + max(len(c.token_ids) for c in out)
-    ids = torch.zeros((prompts, width), dtype=torch.long)
-    mask = torch.zeros((prompts, width))
-    for row, c in enumerate(out):
-        ids[row, : len(prompt) + len(c.token_ids)] = torch.tensor(prompt + c.token_ids)
-        mask[row, len(prompt) : len(prompt) + len(c.token_ids)] = 1
-    with torch.no_grad():
-        logp, ent = sequence_logprobs_and_entropy(model, ids, (ids != 0) | (mask > 0))
-    return sampler_entropy_gap(logp, ent, mask)
+PROMPT = [1, 504, 3158, 314, 253, 1345, 28]
+
+
+def sample_and_score(engine, model, params: SamplingParams, prompts: int = 40):
+    return engine_entropy_gap(engine, model, PROMPT, params, samples=prompts)
 
 
 @pytest.fixture(scope="module")
