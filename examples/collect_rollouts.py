@@ -22,9 +22,9 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 import entrogym  # noqa: F401  (registers the envs)
 from entrogym.agents.agent import LLMAgent
 from entrogym.agents.engines import ENGINE_KINDS, SamplingParams, make_engine
-from entrogym.agents.mismatch import episodes_mismatch
 from entrogym.agents.rollout import collect_rollouts
 from entrogym.envs.base import make_text_env, task_ids_of
+from entrogym.train.mismatch import episodes_mismatch
 from entrogym.train.policy import load_base_model
 
 SYSTEM = "You are a careful calculator. Answer with the final number in \\boxed{}."

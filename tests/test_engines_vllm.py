@@ -18,11 +18,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
 from entrogym.agents.agent import LLMAgent
 from entrogym.agents.engines import SamplingParams, make_engine
-from entrogym.agents.mismatch import sampler_mismatch
 from entrogym.agents.rollout import collect_rollouts
 from entrogym.envs.base import TextEnv, Turn
 from entrogym.models import resolve_model
 from entrogym.train.logprobs import sequence_logprobs
+from entrogym.train.mismatch import ENTROPY_GAP_MAX_Z, engine_entropy_gap, sampler_mismatch
 
 pytestmark = pytest.mark.slow
 MODEL = "tiny-random-llama"
@@ -234,6 +234,18 @@ def test_prompt_longer_than_the_context(engine):
         engine.generate([[5] * 600], SamplingParams(max_tokens=2))
     out = engine.generate([[5] * 500], SamplingParams(max_tokens=50))
     assert len(out[0].token_ids) <= 12  # max_tokens lowered to what fits
+
+
+def test_sampler_draws_from_the_full_distribution(engine, path):
+    """At temperature 1 with no top-k/top-p the sampled -log pi matches the exact entropy;
+    an injected top-50 sampler fails the same check (1280 tokens each)."""
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    prompt = [1, 504, 3158, 314, 253, 1345, 28]
+    exact = engine_entropy_gap(engine, model, prompt, SamplingParams(max_tokens=32), samples=40)
+    assert exact["num_tokens"] >= 1000 and abs(exact["z"]) < ENTROPY_GAP_MAX_Z, exact
+    top50 = SamplingParams(max_tokens=32, top_k=50)
+    truncated = engine_entropy_gap(engine, model, prompt, top50, samples=40)
+    assert truncated["num_tokens"] >= 1000 and truncated["z"] < -ENTROPY_GAP_MAX_Z, truncated
 
 
 def test_engine_restarts_once_after_a_crash(engine, tokenizer):

@@ -12,11 +12,11 @@ import entrogym  # noqa: F401  (registers the envs)
 from entrogym.agents.agent import LLMAgent
 from entrogym.agents.engines import EngineDied, SamplingParams, make_engine
 from entrogym.agents.engines.hf import HFEngine
-from entrogym.agents.mismatch import episodes_mismatch, sampler_mismatch
 from entrogym.agents.rollout import Episode, collect_rollouts, early_stop_reached
 from entrogym.envs.base import TextEnv, Turn, make_text_env, task_ids_of
 from entrogym.models import resolve_model
 from entrogym.train.batch import collate_episodes
+from entrogym.train.mismatch import episodes_mismatch, sampler_mismatch
 from entrogym.train.policy import load_base_model
 
 MODEL = "tiny-random-llama"

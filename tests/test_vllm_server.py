@@ -16,11 +16,11 @@ import entrogym  # noqa: F401
 from entrogym.agents.agent import LLMAgent
 from entrogym.agents.engines import SamplingParams, make_engine
 from entrogym.agents.engines.vllm_server import ServerError, VLLMServerEngine
-from entrogym.agents.mismatch import episodes_mismatch
 from entrogym.agents.rollout import collect_rollouts
 from entrogym.envs.base import make_text_env, task_ids_of
 from entrogym.localserver import free_port
 from entrogym.models import resolve_model
+from entrogym.train.mismatch import ENTROPY_GAP_MAX_Z, engine_entropy_gap, episodes_mismatch
 
 MODEL = "tiny-random-llama"
 
@@ -94,6 +94,18 @@ def test_requests_spread_over_several_urls(server, path):
         VLLMServerEngine("another-model", urls=[url], max_model_len=512)
     with pytest.raises(ValueError, match="max_model_len"):
         VLLMServerEngine(path, urls=[url], max_model_len=4096)
+
+
+@pytest.mark.slow
+def test_server_samples_the_full_distribution(server, path):
+    """As for the in-process engine: exact at temperature 1, and top-50 is caught."""
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    prompt = [1, 504, 3158, 314, 253, 1345, 28]
+    exact = engine_entropy_gap(server, model, prompt, SamplingParams(max_tokens=32), samples=40)
+    assert exact["num_tokens"] >= 1000 and abs(exact["z"]) < ENTROPY_GAP_MAX_Z, exact
+    top50 = SamplingParams(max_tokens=32, top_k=50)
+    truncated = engine_entropy_gap(server, model, prompt, top50, samples=40)
+    assert truncated["num_tokens"] >= 1000 and truncated["z"] < -ENTROPY_GAP_MAX_Z, truncated
 
 
 @pytest.mark.slow

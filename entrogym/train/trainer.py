@@ -22,7 +22,6 @@ import torch
 from entrogym.agents.agent import LLMAgent
 from entrogym.agents.engines import Engine, SamplingParams, make_engine
 from entrogym.agents.episode import Episode
-from entrogym.agents.mismatch import sampler_mismatch
 from entrogym.agents.rollout import collect_rollouts
 from entrogym.algos import UpdateBatch, make_control, policy_update
 from entrogym.envs.base import make_text_env, task_ids_of
@@ -43,6 +42,7 @@ from entrogym.train.config import TrainConfig
 from entrogym.train.evaluation import evaluate_policy
 from entrogym.train.logprobs import sequence_logprobs, sequence_logprobs_and_entropy
 from entrogym.train.metrics import MetricsLogger, progress
+from entrogym.train.mismatch import sampler_mismatch
 from entrogym.train.policy import LoraSettings, load_policy, save_adapter, trainable_parameters
 from entrogym.train.precision import loss_scaler_for, resolve_dtype
 from entrogym.train.run_folder import (

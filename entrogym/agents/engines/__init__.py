@@ -7,11 +7,16 @@ kind                      what runs
 ``vllm-server``           ``vllm serve`` over HTTP (local one started, or ``urls``), runtime LoRA
 ``hf``                    ``transformers`` generate + ``peft`` (tiny models, no vLLM)
 ========================  ======================================================================
+
+At temperature 1 with ``top_k=0`` and ``top_p=1`` every engine samples from the model's full
+distribution: no setting comes from the checkpoint's ``generation_config`` (see
+``entrogym.train.mismatch.sampler_entropy_gap`` for the check).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, get_args
+import typing
+from typing import Any, Literal
 
 from entrogym.agents.engines.base import (
     Completion,
@@ -21,15 +26,16 @@ from entrogym.agents.engines.base import (
     check_adapter,
 )
 
+# The one source of truth for engine kinds (configs and command lines import it).
 EngineKind = Literal["vllm", "vllm-server", "hf"]
-ENGINE_KINDS = get_args(EngineKind)
+ENGINE_KINDS: tuple[str, ...] = typing.get_args(EngineKind)
 
 __all__ = [
     "ENGINE_KINDS",
-    "EngineKind",
     "Completion",
     "Engine",
     "EngineDied",
+    "EngineKind",
     "SamplingParams",
     "check_adapter",
     "make_engine",
@@ -37,7 +43,7 @@ __all__ = [
 
 
 def make_engine(
-    kind: str,
+    kind: EngineKind,
     model: str,
     *,
     dtype: str = "bf16",
@@ -51,12 +57,20 @@ def make_engine(
     """Start an engine of ``kind`` for ``model`` (a built-in name, local folder or hub id).
 
     Built-in names (``entrogym.models``) are resolved to their prepared folders. ``urls`` is
-    only for ``vllm-server``; other keyword arguments go to the engine class.
+    only for ``vllm-server``. ``request_timeout`` (seconds without an answer before a request
+    is retried or failed over) applies to ``vllm-server``, the one engine that sends requests;
+    ``max_lora_rank`` (the largest adapter rank accepted; pass the run's LoRA rank) applies to
+    the two vLLM engines (``hf`` loads adapters of any rank). Other keyword arguments go to the
+    engine class.
     """
     if kind not in ENGINE_KINDS:
         raise ValueError(f"engine kind must be one of {list(ENGINE_KINDS)}, got {kind!r}")
     if urls is not None and kind != "vllm-server":
         raise ValueError(f"urls is only for the 'vllm-server' engine, not {kind!r}")
+    if not request_timeout > 0:
+        raise ValueError(f"request_timeout must be > 0 seconds, got {request_timeout!r}")
+    if not isinstance(max_lora_rank, int) or max_lora_rank < 1:
+        raise ValueError(f"max_lora_rank must be a positive integer, got {max_lora_rank!r}")
     if not urls:
         from entrogym.models import resolve_model
 
@@ -70,7 +84,11 @@ def make_engine(
         from entrogym.agents.engines.vllm_server import VLLMServerEngine
 
         return VLLMServerEngine(
-            model, urls=urls, request_timeout=request_timeout, max_lora_rank=max_lora_rank, **common
+            model,
+            urls=urls,
+            request_timeout=request_timeout,
+            max_lora_rank=max_lora_rank,
+            **common,
         )
     from entrogym.agents.engines.hf import HFEngine
 

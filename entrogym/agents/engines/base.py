@@ -219,6 +219,35 @@ def adapter_rank(adapter: str | os.PathLike) -> int:
     return max(ranks)
 
 
+# The adapter ranks vLLM accepts as max_lora_rank (vllm.config.lora.MaxLoRARanks).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def vllm_max_lora_rank(rank: int) -> int:
+    """The smallest rank vLLM accepts as ``max_lora_rank`` that holds ``rank`` (24 -> 32):
+    the run's LoRA rank can be any integer, vLLM's limit only one of :data:`VLLM_LORA_RANKS`."""
+    if not isinstance(rank, int) or rank < 1:
+        raise ValueError(f"max_lora_rank must be a positive integer, got {rank!r}")
+    for allowed in VLLM_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise ValueError(
+        f"max_lora_rank={rank} is above vLLM's largest ({VLLM_LORA_RANKS[-1]}); "
+        "use a smaller LoRA rank or the hf engine"
+    )
+
+
+def check_lora_rank(path: str, max_lora_rank: int, where: str) -> None:
+    """ValueError if the adapter at ``path`` has a rank above ``max_lora_rank``."""
+    rank = adapter_rank(path)
+    if rank > max_lora_rank:
+        raise ValueError(
+            f"adapter {path!r} has LoRA rank {rank}, above {where}'s max_lora_rank="
+            f"{max_lora_rank}; set the engine's max_lora_rank to at least {rank} (the "
+            "max_lora_rank option, --max-lora-rank; by default the run's lora_rank)"
+        )
+
+
 def check_adapter(adapter: str | os.PathLike, base_model: str) -> str:
     """Check that ``adapter`` is a peft LoRA folder whose matrices fit ``base_model``'s layers.
 

@@ -2,6 +2,11 @@
 
 Prompts are left-padded into one batch; the per-token log-probs are ``log_softmax`` of the
 model's raw logits at each sampled id (the same quantity vLLM reports by default).
+
+``transformers`` fills every sampling setting left unset (None) from the checkpoint's
+``generation_config`` and then from its global defaults, which include ``top_k=50``: a sampler
+that passes ``top_k=None`` draws from the 50 likeliest tokens only, not from the policy. So the
+model's own generation config is replaced by a neutral one and every setting is stated.
 """
 
 from __future__ import annotations
@@ -55,8 +60,10 @@ class HFEngine(Engine):
         )
         pad = self._model.generation_config.pad_token_id
         self._pad = int(pad if pad is not None else (self._eos[0] if self._eos else 0))
-        # Sampling settings come from SamplingParams only, never from the checkpoint.
+        # Sampling settings come from SamplingParams only, never from the checkpoint: generate
+        # fills our config's unset fields from the model's, so the model's is made neutral too.
         self._gen_config = GenerationConfig(pad_token_id=self._pad, bos_token_id=None)
+        self._model.generation_config = copy.deepcopy(self._gen_config)
         self._adapters.clear()
 
     def _shutdown(self) -> None:
@@ -143,7 +150,8 @@ class HFEngine(Engine):
             output_logits=True,
         )
         if p.temperature > 0:
-            config.update(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k or None)
+            # top_k=0 switches the filter off; None would mean transformers' default of 50.
+            config.update(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k)
         if p.seed is not None:
             torch.manual_seed(p.seed)
         gen = model.generate(

@@ -19,8 +19,9 @@ from entrogym.agents.engines.base import (
     Engine,
     EngineDied,
     SamplingParams,
-    adapter_rank,
+    check_lora_rank,
     engine_dtype,
+    vllm_max_lora_rank,
 )
 
 log = logging.getLogger(__name__)
@@ -39,8 +40,8 @@ class VLLMEngine(Engine):
         dtype: ``bf16``, ``fp32``, ``fp16`` or ``auto``.
         max_model_len: context length (prompt + completion) the engine accepts.
         seed: vLLM's global sampling seed.
-        max_lora_rank: the largest adapter rank the engine accepts (peft's default is 8,
-            entrogym's 16).
+        max_lora_rank: the largest adapter rank the engine accepts (pass the run's LoRA rank;
+            rounded up to a rank vLLM supports, e.g. 24 -> 32).
         kv_cache_gb: KV cache size on CPU (sets ``VLLM_CPU_KVCACHE_SPACE``); None keeps the
             environment's value, or 2 if unset.
         enforce_eager: skip ``torch.compile``; on a 2-core CPU compiling costs a minute of
@@ -66,7 +67,7 @@ class VLLMEngine(Engine):
     ) -> None:
         super().__init__(model, max_model_len=max_model_len, seed=seed)
         self.dtype = engine_dtype(dtype)
-        self.max_lora_rank = max_lora_rank
+        self.max_lora_rank = vllm_max_lora_rank(max_lora_rank)
         self.max_loras = max_loras
         self.kv_cache_gb = kv_cache_gb
         self.enforce_eager = enforce_eager
@@ -84,6 +85,8 @@ class VLLMEngine(Engine):
         else:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
         self._lora_ids.clear()
+        # Default sampling settings never come from the checkpoint's generation_config.
+        llm_kwargs = {"generation_config": "vllm", **self.llm_kwargs}
         self._llm = LLM(
             model=self.model,
             dtype=self.dtype,
@@ -94,7 +97,7 @@ class VLLMEngine(Engine):
             max_loras=self.max_loras,
             enforce_eager=self.enforce_eager,
             enable_prefix_caching=self.enable_prefix_caching,
-            **self.llm_kwargs,
+            **llm_kwargs,
         )
 
     def _shutdown(self) -> None:
@@ -116,12 +119,7 @@ class VLLMEngine(Engine):
 
     def check_adapter(self, adapter: str | os.PathLike) -> str:
         path = super().check_adapter(adapter)
-        rank = adapter_rank(path)
-        if rank > self.max_lora_rank:
-            raise ValueError(
-                f"adapter {path!r} has LoRA rank {rank}, above the engine's "
-                f"max_lora_rank={self.max_lora_rank}; make the engine with max_lora_rank>={rank}"
-            )
+        check_lora_rank(path, self.max_lora_rank, "the vllm engine")
         return path
 
     def lora_request(self, adapter: str | None) -> Any:
@@ -150,6 +148,12 @@ class VLLMEngine(Engine):
                 temperature=p.temperature,
                 top_p=p.top_p,
                 top_k=p.top_k,
+                # Stated, not left to defaults: at temperature 1 the sampler draws from the
+                # full distribution (no min-p, no penalties), i.e. from the policy itself.
+                min_p=0.0,
+                repetition_penalty=1.0,
+                presence_penalty=0.0,
+                frequency_penalty=0.0,
                 seed=p.seed,
                 stop_token_ids=list(p.stop_token_ids),
                 logprobs=0,  # the sampled token's log-prob only
