@@ -142,6 +142,10 @@ class TrainConfig(AgentConfig):
         micro_batch_size: trajectories per forward/backward; gradients of a minibatch's
             micro-batches are accumulated, so this bounds activation memory, not the math.
         threads: torch CPU threads of the learner (None = torch's default).
+        sampler_entropy_check: log ``sampler_entropy_gap`` / ``sampler_entropy_z`` each
+            iteration (one extra no-grad scoring pass with exact entropies): whether the engine
+            drew its tokens from the policy; |z| > 4 means it did not (e.g. a top-k sampler).
+            Needs temperature 1, where the policy is the distribution sampled.
         lora_rank: LoRA rank on q, k, v, o, gate, up, down (paper: 16).
         lora_alpha: LoRA alpha (paper: 32).
         bf16_round_logprobs: emulate Thm 3's bf16 rounding of log-probs before the ratio.
@@ -177,6 +181,7 @@ class TrainConfig(AgentConfig):
     max_grad_norm: float = 0.1
     micro_batch_size: int = 8
     threads: int | None = None
+    sampler_entropy_check: bool = False
     lora_rank: int = 16
     lora_alpha: int = 32
     bf16_round_logprobs: bool = False
@@ -224,6 +229,11 @@ class TrainConfig(AgentConfig):
         if not 0 < self.early_stop_fraction <= 1:
             raise ValueError(
                 f"early_stop_fraction must be in (0, 1], got {self.early_stop_fraction}"
+            )
+        if self.sampler_entropy_check and self.temperature != 1.0:
+            raise ValueError(
+                "sampler_entropy_check compares samples with the policy's entropy and needs "
+                f"temperature 1 (got {self.temperature}); drop one of them"
             )
         if not 0 <= self.max_env_error_fraction <= 1:
             raise ValueError(

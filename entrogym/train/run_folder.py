@@ -57,6 +57,7 @@ RESUMABLE_FIELDS = frozenset(
         "out",
         "resume",
         "checkpoint_every",
+        "sampler_entropy_check",
         "eval_env",
         "eval_env_kwargs",
         "eval_split",

@@ -22,8 +22,8 @@ import torch
 from entrogym.agents.agent import LLMAgent
 from entrogym.agents.engines import Engine, SamplingParams, make_engine
 from entrogym.agents.episode import Episode
-from entrogym.agents.rollout import collect_rollouts
-from entrogym.algos import UpdateBatch, make_control, policy_update
+from entrogym.agents.rollout import check_env_errors, collect_rollouts
+from entrogym.algos import UpdateBatch, make_control, micro_batches, policy_update
 from entrogym.envs.base import make_text_env, task_ids_of
 from entrogym.train import distributed as dd
 from entrogym.train.batch import Batch, collate_episodes
@@ -42,7 +42,7 @@ from entrogym.train.config import TrainConfig
 from entrogym.train.evaluation import evaluate_policy
 from entrogym.train.logprobs import sequence_logprobs, sequence_logprobs_and_entropy
 from entrogym.train.metrics import MetricsLogger, progress
-from entrogym.train.mismatch import sampler_mismatch
+from entrogym.train.mismatch import sampler_entropy_gap, sampler_mismatch
 from entrogym.train.policy import LoraSettings, load_policy, save_adapter, trainable_parameters
 from entrogym.train.precision import loss_scaler_for, resolve_dtype
 from entrogym.train.run_folder import (
@@ -294,12 +294,16 @@ class Trainer:
             env_kwargs=cfg.env_kwargs,
             seed=cfg.seed * 1_000_003 + it * len(tasks) * cfg.samples,
         )
-        episodes = usable_episodes(list(rollouts))
+        # An env that raises or breaks its contract fails its episode (logged once per message);
+        # past the allowed share the run stops, naming the first failure.
+        check_env_errors(list(rollouts), cfg.max_env_error_fraction)
+        episodes = usable_episodes([e for e in rollouts if not e.failed])
         if not episodes:
             raise TrainingStopped(f"iteration {it}: no episode with action tokens came back")
         stats = {
             "success_rate": _success_rate(episodes),
             "episodes": len(episodes),
+            "env_errors": rollouts.stats["env_errors"],
             "rollout_s": time.perf_counter() - t0,
             "tokens_per_s": rollouts.stats["tokens_per_s"],
         }
@@ -313,6 +317,7 @@ class Trainer:
         # 2. The preset's update: advantages, entropy control, clipped loss, steps. The old
         #    log-probs are rescored here in fp32 (never the engine's): by the update itself,
         #    which reuses the on-policy first minibatch's scoring pass.
+        entropy_check = self.sampler_entropy_check(batch) if cfg.sampler_entropy_check else {}
         t0 = time.perf_counter()
         self._grad_norms = []
         experience = UpdateBatch.build(
@@ -354,16 +359,32 @@ class Trainer:
             "success_rate": rollout_stats["success_rate"],
             "response_tokens_mean": float(action_tokens.mean()),
             "episodes": rollout_stats["episodes"],
+            "env_errors": rollout_stats["env_errors"],
             "groups": n_groups,
             "sampler_mismatch": mismatch["mean_abs_diff"],
             "sampler_mismatch_max": mismatch["max_abs_diff"],
             "sampler_ratio_outside": mismatch["frac_ratio_outside"],
+            "sampler_nonfinite": mismatch["sampler_nonfinite"],
+            **entropy_check,
             "rollout_s": rollout_stats["rollout_s"],
             "update_s": update_s,
             "grad_norm": sum(self._grad_norms) / max(len(self._grad_norms), 1),
             "tokens_per_s": rollout_stats["tokens_per_s"],
             "learner_ranks": self.ranks.world,
         }
+
+    def sampler_entropy_check(self, batch: Batch) -> dict[str, Any]:
+        """Opt-in: did the engine draw from the policy? One extra no-grad pass for the exact
+        entropies at the sampled positions (``sampler_entropy_gap``; |z| > 4 fails)."""
+        logprobs, entropies = [], []
+        with torch.no_grad():
+            for index in micro_batches(torch.arange(len(batch)), self.cfg.micro_batch_size):
+                lp, ent = self.score(batch, index, need_entropy=True)
+                width = batch.action_mask.shape[1]
+                logprobs.append(torch.nn.functional.pad(lp, (0, width - lp.shape[1])))
+                entropies.append(torch.nn.functional.pad(ent, (0, width - ent.shape[1])))
+        check = sampler_entropy_gap(torch.cat(logprobs), torch.cat(entropies), batch.action_mask)
+        return {"sampler_entropy_gap": check["gap"], "sampler_entropy_z": check["z"]}
 
     # ----- pieces the update calls ----------------------------------------------------------
 
