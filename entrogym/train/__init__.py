@@ -1,1 +1,43 @@
-"""Policy, log-probs, distributed wrap, trainer loop, checkpoints, metrics."""
+"""The learner: policy (LoRA, dtypes, FSDP2), exact log-probs, the training recipe, run folders,
+checkpoints and metrics.
+
+The public face is loaded lazily (PEP 562), so ``entrogym.train.config`` stays cheap to import
+for the commands' fail-fast checks::
+
+    from entrogym.train import Trainer, TrainConfig, train
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "TrainConfig": "entrogym.train.config",
+    "Trainer": "entrogym.train.trainer",
+    "TrainingStopped": "entrogym.train.trainer",
+    "train": "entrogym.train.trainer",
+    "Batch": "entrogym.train.batch",
+    "collate_episodes": "entrogym.train.batch",
+    "evaluate_policy": "entrogym.train.evaluation",
+    "sequence_logprobs": "entrogym.train.logprobs",
+    "sequence_logprobs_and_entropy": "entrogym.train.logprobs",
+    "sampler_mismatch": "entrogym.train.mismatch",
+    "sampler_entropy_gap": "entrogym.train.mismatch",
+    "load_policy": "entrogym.train.policy",
+    "MetricsLogger": "entrogym.train.metrics",
+    "read_metrics": "entrogym.train.metrics",
+    "latest_checkpoint": "entrogym.train.checkpoint",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'entrogym.train' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])
