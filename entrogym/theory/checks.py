@@ -43,7 +43,7 @@ def _random_policy(gen: torch.Generator, max_arms: int = 32) -> torch.Tensor:
 
 
 def check_cor1(n_policies: int = 500, lr: float = 1e-2, seed: int = 0) -> dict[str, Any]:
-    """Cor. ``thm:sm-mdp``: predicted vs measured entropy change of one exact expected PG step.
+    """the tabular-softmax corollary (appendix "Entropy dynamics under policy gradient for tabular softmax policies"): predicted vs measured entropy change of one exact expected PG step.
 
     For each random policy and reward vector in [0, 1]^K the exact gradient of J = E_pi[r] in the
     logits comes from autograd (not from the formula), the step s <- s + lr * grad J is taken and
@@ -98,7 +98,7 @@ def _new_policy_inside(
 
 
 def check_ppo_bound(n_pairs: int = 1500, seed: int = 1) -> dict[str, Any]:
-    """Thm 2 (``thm:clip-ppo``) on random old/new pairs with every ratio inside the clip range."""
+    """Thm 2 (Sec. 3; appendix "Entropy dynamics under clipped PPO") on random old/new pairs with every ratio inside the clip range."""
     gen = torch.Generator().manual_seed(seed)
     violations, margins, tightest = 0, [], math.inf
     for i in range(n_pairs):
@@ -127,7 +127,7 @@ def check_ppo_bound(n_pairs: int = 1500, seed: int = 1) -> dict[str, Any]:
 
 
 def check_bf16_bias(n: int = 2_000_000, seed: int = 2) -> dict[str, Any]:
-    """Thm 3 (``thm:bf16-bias``): mean r_observed / r_true when both fp32 log-probs are rounded
+    """Thm 3 (Sec. 4.1 "16-bit Quantization of Model Outputs Affects Clipping"): mean r_observed / r_true when both fp32 log-probs are rounded
     to bf16, against the prediction 1 + Var(delta)/2 = 1 + (ulp_new^2 + ulp_old^2)/24.
 
     |log pi_old| is log-uniform on [1/8, 32] (sampled-token log-probs of an LLM), r_true on
@@ -164,7 +164,7 @@ def check_bf16_bias(n: int = 2_000_000, seed: int = 2) -> dict[str, Any]:
 
 
 def check_softmax_grad(n_rows: int = 4000, vocab: int = 256, seed: int = 3) -> dict[str, Any]:
-    """Appendix ``sec:softmax_precision``: the sampled token's gradient 1 - p vanishes in fp32
+    """Appendix "Softmax Gradient Numerical Precision": the sampled token's gradient 1 - p vanishes in fp32
     once p > 1 - 2^-23; the fp64 recomputation of that one term restores it. "fixed" is the
     trainer's own scorer (``entrogym.train.logprobs.token_logprobs`` with ``softmax_fix``).
 

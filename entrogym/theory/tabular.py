@@ -1,4 +1,4 @@
-"""Tabular softmax policy: one free logit per (state, action), the setting of Cor. ``thm:sm-mdp``.
+"""Tabular softmax policy: one free logit per (state, action), the setting of the tabular-softmax corollary (appendix "Entropy dynamics under policy gradient for tabular softmax policies").
 
 The bandit lab trains this policy with the same advantage, loss and controller functions the LLM
 trainer uses; a trajectory is a single action (T = 1) and the state is the bandit's context.
@@ -24,7 +24,7 @@ def initial_logits(
     ``"flat"``: all zeros (uniform policy, maximal entropy). ``"calibrated"``: like a pretrained
     model, arms with a higher mean reward are already more likely: logits =
     strength * (standardised mean reward within the state) + noise * N(0, 1). A calibrated policy
-    makes log-probabilities and advantages positively correlated, which by Cor. ``thm:sm-mdp``
+    makes log-probabilities and advantages positively correlated, which by the tabular-softmax corollary
     drives entropy down even for on-policy RLOO (paper Sec. 3, "Summary").
     """
     means = np.asarray(reward_means, dtype=np.float64)
