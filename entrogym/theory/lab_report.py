@@ -108,7 +108,7 @@ def controller_claims(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def _control(name: str) -> str | None:
     config = get_algorithm(name)
-    return getattr(config, "control", getattr(config, "entropy_control", None))
+    return None if config.control == "none" else config.control
 
 
 def plot_curves(rows: list[dict[str, Any]], initials: dict, path: Path) -> None:
