@@ -61,6 +61,10 @@ def test_evaluation_report_metrics_without_appworld(tmp_path: Path) -> None:
     assert fields["appworld_report"] == {"ok": None, "skipped": report.report_skip_reason(2)}
     assert fields["report_lines"][0].startswith("AppWorld report skipped: --samples 2")
     assert "1 of 5 episodes ended on an error" in fields["report_lines"][1]
+    assert fields["summary_text"] == "TGC=50.0% SGC=25.0%"
+    row = report.task_fields("a_2", eps[2:4])  # the per-task columns of eval.json
+    assert row == {"passes": [None, None], "fails": [None, None], "num_tests": [1, 1],
+                   "scenario_id": "a"}  # fmt: skip
     one = report.evaluation_report(tmp_path, {"episodes": eps[:1], "tasks": ["a_1"]}, None)
     assert "were not kept" in one["appworld_report"]["skipped"]  # no shared experiment folder
     kwargs = report.evaluation_env_kwargs(1)
@@ -413,6 +417,11 @@ def test_evaluation_report_hook_runs_appworlds_own_report(world_root: Path, tmp_
         "appworld-report.json", "appworld-report.txt"
     ]  # fmt: skip
     assert fields["report_lines"][0].startswith("AppWorld report: TGC=50.0%")
+    assert fields["summary_text"] == f"TGC=50.0% SGC={100 * fields['sgc']:.1f}%"
+    # the other optional evaluation hooks, through the wrappers
+    assert env.get_wrapper_attr("on_turn_budget") == "step"
+    solved_row = env.get_wrapper_attr("evaluation_task_fields")(tasks[0], episodes[:1])
+    assert solved_row["passes"] == solved_row["num_tests"] and solved_row["fails"] == [0]
 
 
 @pytest.mark.appworld

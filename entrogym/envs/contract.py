@@ -16,6 +16,7 @@ import gymnasium as gym
 __all__ = [
     "DEFAULT_REWARD_RANGE",
     "EnvContractError",
+    "EvaluationHooks",
     "TextEnvProtocol",
     "check_reply",
     "check_reward_range",
@@ -58,6 +59,10 @@ class TextEnvProtocol(Protocol):
     env wrapped in Gymnasium wrappers keeps them. It tolerates an env without ``end_episode``
     (a full context then scores a failure), ``flag_action_truncated`` or ``reward_range``
     (the default applies); :func:`entrogym.envs.check_text_env` does not.
+
+    Optional members for evaluation (``eval_split``, ``on_turn_budget``,
+    ``evaluation_env_kwargs``, ``evaluation_task_fields``, ``evaluation_report``) are described
+    by :class:`EvaluationHooks`; an env without them is evaluated on pass@k alone.
     """
 
     observation_space: gym.spaces.Space
@@ -77,6 +82,45 @@ class TextEnvProtocol(Protocol):
     def flag_action_truncated(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+class EvaluationHooks(Protocol):
+    """OPTIONAL members an env may add for evaluation; each one is independent of the others.
+
+    ``entrogym eval`` (and, for ``eval_split``, the trainer's in-run eval) reaches them with
+    ``env.get_wrapper_attr(name)``, so Gymnasium wrappers keep them, and an env that lacks one
+    gets the default named here. They are how env-specific evaluation (AppWorld's test
+    rules, TGC/SGC and its own report) stays with the env instead of in the command.
+
+    - ``eval_split``: the split evaluated when none is named (default: ``test``, else the first
+      ``test*`` split; never train).
+    - ``on_turn_budget``: ``"truncate"`` or ``"step"``, what the agent does with a turn cut at
+      its token budget when the user names no rule (default ``"truncate"``: the episode ends;
+      ``"step"``: the cut text is still sent to the env).
+    - ``evaluation_env_kwargs(samples)``: keyword arguments for the envs of an evaluation's
+      rollouts with ``samples`` per task; the user's own env kwargs win over them.
+    - ``evaluation_task_fields(task_id, episodes)``: extra columns of the task's ``per_task``
+      row of ``eval.json``, from its ``episodes`` (its samples, in order).
+    - ``evaluation_report(results, out_dir, **options)``: extra fields of the eval summary,
+      called once after the rollouts. ``results`` holds ``summary``, ``per_task``,
+      ``episodes``, ``tasks``, ``samples`` and ``split``; ``out_dir`` is the ``--out`` folder
+      (or None). ``options`` always has ``report_name`` (the split, ``SPLIT-firstN`` for a
+      partial one) and takes what the user passes as ``--report-options``; a hook documents its
+      own options. Two returned keys are for the printed summary and are not stored:
+      ``summary_text`` (appended to the one-line summary) and ``report_lines`` (printed after
+      it).
+    """
+
+    eval_split: str
+    on_turn_budget: str
+
+    def evaluation_env_kwargs(self, samples: int) -> dict[str, Any]: ...
+
+    def evaluation_task_fields(self, task_id: str, episodes: list[Any]) -> dict[str, Any]: ...
+
+    def evaluation_report(
+        self, results: dict[str, Any], out_dir: Any, **options: Any
+    ) -> dict[str, Any]: ...
 
 
 def observation_problem(observation: Any) -> str | None:

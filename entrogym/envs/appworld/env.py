@@ -12,9 +12,12 @@ AppWorld's server holds one world, so concurrent episodes (grouped rollouts) use
 Every episode writes to its own AppWorld experiment folder, removed after evaluation unless
 ``experiment_name`` is given (``entrogym eval`` keeps them for AppWorld's own report).
 
-Two hooks serve ``entrogym eval`` (it reaches them with ``env.get_wrapper_attr``):
-:meth:`AppWorldEnv.evaluation_env_kwargs` and :meth:`AppWorldEnv.evaluation_report` (TGC/SGC
-and AppWorld's own evaluator's report; :mod:`.report`).
+The env implements the text-env contract's optional evaluation hooks
+(:class:`entrogym.envs.contract.EvaluationHooks`), which ``entrogym eval`` reaches with
+``env.get_wrapper_attr``: ``on_turn_budget = "step"``,
+:meth:`AppWorldEnv.evaluation_env_kwargs`, :meth:`AppWorldEnv.evaluation_task_fields` and
+:meth:`AppWorldEnv.evaluation_report` (TGC/SGC and AppWorld's own evaluator's report;
+:mod:`.report`).
 """
 
 from __future__ import annotations
@@ -62,6 +65,9 @@ class AppWorldEnv(TextEnv):
     """
 
     reset_option_keys = frozenset({"task_id", "split"})
+    # A turn cut at the agent's token budget still runs its code: the world, not the text, is
+    # what AppWorld's unit tests score at the end.
+    on_turn_budget = "step"
 
     def __init__(
         self,
@@ -277,6 +283,11 @@ class AppWorldEnv(TextEnv):
         options win over these."""
         return report.evaluation_env_kwargs(samples)
 
+    def evaluation_task_fields(self, task_id: str, episodes: list[Any]) -> dict[str, Any]:
+        """Per-task columns of an evaluation: ``passes``, ``fails``, ``num_tests`` (one entry
+        per sample of ``task_id``, None where AppWorld never scored it) and ``scenario_id``."""
+        return report.task_fields(task_id, episodes)
+
     def evaluation_report(
         self, results: dict[str, Any], out_dir: Path | None, **options: Any
     ) -> dict[str, Any]:
@@ -291,8 +302,9 @@ class AppWorldEnv(TextEnv):
         Returns ``tgc``, ``sgc`` (fractions, averaged over the samples), ``tgc_runs``,
         ``sgc_runs``, ``not_evaluated`` (episodes that ended before AppWorld scored them),
         ``appworld_report`` (AppWorld's own evaluator's result, or why it was skipped: it needs
-        one sample per task and the outputs kept), ``report_lines`` (for the printed summary)
-        and, when the report ran, ``experiment_name``.
+        one sample per task and the outputs kept), ``summary_text`` (``TGC=..% SGC=..%``) and
+        ``report_lines`` (both for the printed summary) and, when the report ran,
+        ``experiment_name``.
         """
         return report.evaluation_report(self.root, results, out_dir, **options)
 

@@ -1,11 +1,14 @@
 """AppWorld's evaluation report: TGC/SGC of an eval's episodes, and AppWorld's own evaluator.
 
-The eval command reaches this through two hooks of :class:`~entrogym.envs.appworld.env.AppWorldEnv`
-(``env.get_wrapper_attr(name)``), so it needs no AppWorld-specific code:
+The eval command reaches this through the optional evaluation hooks of the text-env contract
+(:class:`entrogym.envs.contract.EvaluationHooks`), which
+:class:`~entrogym.envs.appworld.env.AppWorldEnv` implements with the functions here; the
+command reaches them with ``env.get_wrapper_attr(name)`` and needs no AppWorld-specific code:
 
 - ``evaluation_env_kwargs(samples)``: env keyword arguments for the eval's rollouts (binary
   reward, 50 turns, and with one sample per task an experiment folder that keeps the outputs
   for AppWorld's own report); the command's own options win over them;
+- ``evaluation_task_fields(task_id, episodes)``: the per-task columns (:func:`task_fields`);
 - ``evaluation_report(results, out_dir, **options)``: the extra summary fields (see
   :func:`evaluation_report`).
 """
@@ -21,7 +24,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from entrogym.envs.appworld.metrics import scenario_goal_completion, task_goal_completion
+from entrogym.envs.appworld.metrics import (
+    scenario_goal_completion,
+    scenario_id,
+    task_goal_completion,
+)
 from entrogym.envs.appworld.runtime import appworld_python
 
 EVAL_MAX_TURNS = 50  # AppWorld's evaluation budget
@@ -51,6 +58,21 @@ def appworld_metrics(episodes: Sequence[Any], tasks: Sequence[str], samples: int
     sgc = [scenario_goal_completion(r) for r in runs]
     return {"tgc": sum(tgc) / len(tgc), "sgc": sum(sgc) / len(sgc), "tgc_runs": tgc,
             "sgc_runs": sgc}  # fmt: skip
+
+
+def task_fields(task_id: str, episodes: Sequence[Any]) -> dict[str, Any]:
+    """The per-task columns of an AppWorld evaluation: ``passes``, ``fails`` and ``num_tests``
+    (one entry per sample; None where AppWorld never scored the episode) and ``scenario_id``."""
+    fields: dict[str, Any] = {
+        key: [e.info.get(key) for e in episodes] for key in ("passes", "fails", "num_tests")
+    }
+    fields["scenario_id"] = scenario_id(task_id)
+    return fields
+
+
+def completion_text(tgc: float, sgc: float) -> str:
+    """TGC and SGC (fractions) as the printed summary shows them, in percent."""
+    return f"TGC={100 * tgc:.1f}% SGC={100 * sgc:.1f}%"
 
 
 # What ``appworld evaluate EXPERIMENT SPLIT`` does (appworld.evaluator.evaluate_dataset), for an
@@ -181,6 +203,7 @@ def evaluation_report(
         report = appworld_report(root, experiment, name, tasks, timeout_s)
         _copy_report(report, out_dir)
     fields["appworld_report"] = report
+    fields["summary_text"] = completion_text(fields["tgc"], fields["sgc"])
     lines = [report_line(report)]
     if fields["not_evaluated"]:
         lines.append(not_evaluated_line(fields["not_evaluated"], len(episodes)))
