@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from entrogym.commands import theory as theory_command
 from entrogym.theory import checks
 from entrogym.theory.formulas import (
     bf16_ratio_bias_predicted,
@@ -26,7 +27,7 @@ from entrogym.theory.numerics import (
 
 
 def test_cli_json_meets_the_acceptance_numbers(capsys: pytest.CaptureFixture[str]) -> None:
-    code = checks.cli(["--json", "--n_bf16", "1000000"])
+    code = theory_command.cli(["--json", "--n_bf16", "1000000"])
     result = json.loads(capsys.readouterr().out)
     assert code == 0 and result["passed"] is True
     assert result["cor1_pearson"] >= 0.99 and result["cor1_n"] >= 200
