@@ -22,6 +22,8 @@ DEMO = {
     "max_response_tokens": 48,
     "max_context_tokens": 256,
     "lr": 1e-3,
+    "weight_decay": 0.01,  # TrainConfig's defaults (the paper's), which the demo keeps
+    "max_grad_norm": 0.1,
     "eps_low": 0.2,
     "eps_high": 0.2,
     "lora_rank": 16,
