@@ -149,22 +149,20 @@ def run(work: Workload, engine: str, scoring: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="entrogym-bench-") as tmp:
         trainer = _trainer(work, engine, scoring, Path(tmp))
         iterations = []
+        phases: dict[str, float] = defaultdict(float)
+        counts: dict = defaultdict(float)
         trainer.publish_adapter(0)  # as Trainer.fit does: the first rollouts' adapter
+        startup_s = time.time() - t_spawn
+        instrument(trainer, phases, counts, scoring, work.device)
         try:
             for it in range(work.iterations):
-                phases: dict[str, float] = defaultdict(float)
-                counts: dict = defaultdict(float)
-                instrument_once = it == 0
-                if instrument_once:
-                    startup_s = time.time() - t_spawn
-                    shared_phases, shared_counts = phases, counts
-                    instrument(trainer, shared_phases, shared_counts, scoring, work.device)
-                shared_phases.clear(), shared_counts.clear()
+                phases.clear()
+                counts.clear()
                 t0 = time.perf_counter()
                 row = trainer.iteration(it)
                 trainer.publish_adapter(it + 1)
                 total = time.perf_counter() - t0
-                iterations.append(_summary(dict(shared_phases), dict(shared_counts), total, row))
+                iterations.append(_summary(dict(phases), dict(counts), total, row))
         finally:
             trainer.close()
     return {"startup_s": startup_s, "iterations": iterations, **_ceilings(work)}

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 import torch
@@ -133,6 +134,7 @@ def main() -> None:
     for name, (dtype, head) in variants.items():
         model = apply_lora(load_base_model(model_dir, dtype=dtype, head_dtype=head), seed=0)
         report[name] = measure(model, *batch)
+        print(json.dumps({name: report[name]}), file=sys.stderr, flush=True)  # partial results
     print(json.dumps(report, indent=1))
 
 
