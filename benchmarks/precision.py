@@ -118,6 +118,7 @@ def main() -> None:
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--tokens", type=int, default=48)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--bound", type=float, default=1e-3, help="max mean |dlogp| vs the sampler")
     args = p.parse_args()
     from entrogym.models import resolve_model
     from entrogym.train.policy import apply_lora, load_base_model
@@ -135,7 +136,22 @@ def main() -> None:
         model = apply_lora(load_base_model(model_dir, dtype=dtype, head_dtype=head), seed=0)
         report[name] = measure(model, *batch)
         print(json.dumps({name: report[name]}), file=sys.stderr, flush=True)  # partial results
+    report["bound"] = {"mismatch_mean_abs_max": args.bound, "clip_fraction_max": 0.0}
+    report["fastest_within_bound"] = fastest_within_bound(report, args.bound)
     print(json.dumps(report, indent=1))
+
+
+def fastest_within_bound(report: dict, bound: float) -> str | None:
+    """The quickest learner whose mean |dlogp| vs the sampler is <= bound and clips nothing."""
+    ok = [
+        (r["forward_backward_s"], name)
+        for name, r in report.items()
+        if isinstance(r, dict)
+        and "mismatch_mean_abs" in r
+        and r["mismatch_mean_abs"] <= bound
+        and r["clip_fraction_0.8_1.2"] == 0.0
+    ]
+    return min(ok)[1] if ok else None
 
 
 if __name__ == "__main__":
