@@ -54,27 +54,12 @@ def _trainer(work: Workload, engine: str, scoring: str, out: Path):
     return trainer_mod.Trainer(cfg)
 
 
-def instrument(trainer, phases: dict[str, float], counts: dict, scoring: str, device: str):
-    """Wrap collect / score / backward / step / publish_adapter / grading with timers."""
-    import entrogym.envs.grading as grading
+def _timed_score(trainer, phases: dict[str, float], counts: dict, scoring: str, device: str):
+    """Trainer.score as it is, plus FLOP/token counting, the device move and (with
+    ``scoring="fast"``) the action-only head and trimmed micro-batches."""
     from entrogym.train.logprobs import sequence_logprobs, sequence_logprobs_and_entropy
 
     shape = ModelShape.of(trainer.policy)
-    grade = grading.grade
-
-    def timed_grade(*args, **kwargs):
-        with _timed(phases, "grading"):
-            return grade(*args, **kwargs)
-
-    grading.grade = timed_grade
-    collect = trainer.collect
-
-    def timed_collect(it):
-        with _timed(phases, "collect"):
-            result = collect(it)
-        if not isinstance(result, str):
-            counts["generated_tokens"] += int(result[0].action_mask.sum())
-        return result
 
     def score(batch, index, need_entropy):
         rows = batch.select(index)
@@ -97,14 +82,38 @@ def instrument(trainer, phases: dict[str, float], counts: dict, scoring: str, de
                 ents.append(ent.cpu() if need_entropy else None)
                 lengths = mask.sum(1).tolist()
                 heads = int(act[:, 1:].sum()) if scoring == "fast" else sum(n - 1 for n in lengths)
-                kind = "backward" if phase == "training_forward" else None
                 counts["learner_flops"] += shape.forward_flops(lengths, heads)
                 counts["learner_tokens"] += sum(lengths)
-                if kind:
+                if phase == "training_forward":  # each is followed by one backward
                     counts["backward_flops"] += shape.backward_flops(lengths, heads)
         t = batch.input_ids.shape[1]
         pad = lambda x: torch.nn.functional.pad(x, (0, t - x.shape[1]))  # noqa: E731
         return pad(torch.cat(lps)), pad(torch.cat(ents)) if need_entropy else None
+
+    return score
+
+
+def instrument(trainer, phases: dict[str, float], counts: dict, scoring: str, device: str):
+    """Wrap collect / score / backward / step / publish_adapter / grading with timers."""
+    import entrogym.envs.grading as grading
+
+    grade = grading.grade
+
+    def timed_grade(*args, **kwargs):
+        with _timed(phases, "grading"):
+            return grade(*args, **kwargs)
+
+    grading.grade = timed_grade
+    collect = trainer.collect
+
+    def timed_collect(it):
+        with _timed(phases, "collect"):
+            result = collect(it)
+        if not isinstance(result, str):
+            counts["generated_tokens"] += int(result[0].action_mask.sum())
+        return result
+
+    score = _timed_score(trainer, phases, counts, scoring, device)
 
     class TimedScaler:
         def __init__(self, inner):
