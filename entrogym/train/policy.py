@@ -54,15 +54,40 @@ def load_base_model(
     dtype: str | torch.dtype = "fp32",
     device: str | torch.device = "cpu",
     cache_dir: str | None = None,
+    head_dtype: str | torch.dtype | None = None,
 ) -> torch.nn.Module:
-    """Load a built-in name, local folder or hub id with parameters in ``dtype`` on ``device``."""
+    """Load a built-in name, local folder or hub id with parameters in ``dtype`` on ``device``.
+
+    ``head_dtype`` (default: ``dtype``): keep the LM head's weight in this dtype, copied from
+    the checkpoint before the body is cast, and upcast the hidden states entering it. With
+    ``dtype="bf16", head_dtype="fp32"`` the body runs in bf16 while the head and the
+    log-probs are fp32 from fp32-upcast hidden states (paper appendix "Numerical
+    considerations"; FSDP2's ``output_dtype=float32`` on GPU).
+    """
     from transformers import AutoModelForCausalLM
 
     torch_dtype = resolve_dtype(dtype)
+    head_torch_dtype = torch_dtype if head_dtype is None else resolve_dtype(head_dtype)
     device = check_device_dtype(device, torch_dtype)
     path = resolve_model(model, cache_dir)
-    net = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+    if head_torch_dtype == torch_dtype:
+        net = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+        return net.to(device)
+    net = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    head = net.get_output_embeddings()
+    # A copy before the cast: the head keeps the checkpoint's values (not bf16-rounded ones),
+    # and a tied embedding stays in the body's dtype.
+    weight = head.weight.detach().to(head_torch_dtype, copy=True)
+    requires_grad = head.weight.requires_grad
+    net.to(torch_dtype)
+    head.weight = torch.nn.Parameter(weight, requires_grad=requires_grad)
+    net.config.tie_word_embeddings = False
+    head.register_forward_pre_hook(_upcast_to_head)
     return net.to(device)
+
+
+def _upcast_to_head(head: torch.nn.Module, args: tuple) -> tuple:
+    return (args[0].to(head.weight.dtype), *args[1:])
 
 
 def apply_lora(
@@ -99,12 +124,16 @@ def load_policy(
     use_lora: bool = True,
     cache_dir: str | None = None,
     seed: int | None = None,
+    head_dtype: str | torch.dtype | None = None,
 ) -> torch.nn.Module:
     """The policy to train: base model + a new LoRA adapter, or a saved one (``adapter``).
 
-    ``use_lora=False`` trains all parameters of the base model instead.
+    ``use_lora=False`` trains all parameters of the base model instead. ``head_dtype``: see
+    :func:`load_base_model`.
     """
-    base = load_base_model(model, dtype=dtype, device=device, cache_dir=cache_dir)
+    base = load_base_model(
+        model, dtype=dtype, device=device, cache_dir=cache_dir, head_dtype=head_dtype
+    )
     if adapter is not None:
         return load_adapter(base, adapter, trainable=True)
     if not use_lora:

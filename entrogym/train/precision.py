@@ -8,7 +8,9 @@ step, skips the step when a gradient is inf/nan, and adapts the factor - the sch
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
+from pathlib import Path
 
 import torch
 
@@ -36,6 +38,43 @@ def _probe(dtype: torch.dtype, device: torch.device) -> None:
     torch.softmax(x @ w, -1).sum().backward()
 
 
+# CPU flags (x86 ``flags`` / aarch64 ``Features`` in /proc/cpuinfo) that mean native matmuls
+# in the dtype; without them oneDNN emulates it through fp32 and it is slower than fp32.
+_NATIVE_CPU_FLAGS: dict[torch.dtype, tuple[str, ...]] = {
+    torch.bfloat16: ("avx512_bf16", "amx_bf16", "bf16"),
+    torch.float16: ("avx512_fp16", "amx_fp16", "asimdhp"),
+}
+
+
+def cpu_flags(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> frozenset[str]:
+    """The CPU's feature flags, or an empty set where /proc/cpuinfo is not readable."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return frozenset()
+    flags: set[str] = set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            flags.update(value.split())
+    return frozenset(flags)
+
+
+def cpu_has_native(dtype: torch.dtype, flags: frozenset[str] | None = None) -> bool:
+    """Whether this CPU computes ``dtype`` matmuls natively (fp32 always)."""
+    if dtype not in _NATIVE_CPU_FLAGS:
+        return True
+    flags = cpu_flags() if flags is None else flags
+    if flags:
+        return any(f in flags for f in _NATIVE_CPU_FLAGS[dtype])
+    # No /proc/cpuinfo (macOS, ...): ask oneDNN, which knows the ISA it dispatches to.
+    probe = "_is_mkldnn_bf16_supported" if dtype == torch.bfloat16 else "_is_mkldnn_fp16_supported"
+    try:
+        return bool(getattr(torch.ops.mkldnn, probe)())
+    except (AttributeError, RuntimeError):
+        return False
+
+
 def check_device_dtype(device: str | torch.device, dtype: torch.dtype) -> torch.device:
     """Fail early, with what to do, when ``device`` cannot run ``dtype``."""
     device = torch.device(device)
@@ -44,6 +83,13 @@ def check_device_dtype(device: str | torch.device, dtype: torch.dtype) -> torch.
     if dtype == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise ValueError(
             f"{device} does not support bf16; use dtype='fp16' (with loss scaling) or 'fp32'"
+        )
+    if device.type == "cpu" and not cpu_has_native(dtype):
+        name = next(k for k, v in DTYPES.items() if v == dtype)
+        wanted = " or ".join(_NATIVE_CPU_FLAGS[dtype][:2]).upper()
+        raise ValueError(
+            f"dtype={name!r}: this CPU has no native {name} arithmetic (no {wanted} flag), so "
+            f"{name} would be emulated and slower than fp32; use dtype='fp32'"
         )
     if dtype != torch.float32:
         try:
@@ -55,6 +101,26 @@ def check_device_dtype(device: str | torch.device, dtype: torch.dtype) -> torch.
                 "or a device that supports it"
             ) from exc
     return device
+
+
+def apply_threads(n: int) -> int:
+    """Use ``n`` torch intra-op threads in this process (and its children, via the OpenMP/MKL
+    environment variables). Returns the previous count.
+
+    On a shared, loaded machine fewer threads can be much faster: with other processes
+    competing for the cores, 2 threads made HF generation 5-9x slower than 1 (barrier waits on
+    a descheduled thread); see docs/performance.md.
+    """
+    cores = os.cpu_count() or 1
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= cores:
+        raise ValueError(
+            f"threads must be an integer from 1 to {cores} (this machine's CPU count), got {n!r}"
+        )
+    previous = torch.get_num_threads()
+    torch.set_num_threads(n)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(n)
+    return previous
 
 
 class LossScaler:

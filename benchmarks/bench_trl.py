@@ -1,0 +1,127 @@
+"""TRL side of ``benchmarks/iteration.py``: TRL's ``GRPOTrainer`` on the same model folder,
+prompts, K, token budget, LoRA, lr, clip and batching as the demo's GRPO iteration.
+
+Runs in ``.venv-bench`` (``make bench``), one fresh process per repetition; writes one JSON
+result file. docs/performance.md lists what cannot be made identical.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from bench_common import Workload, matmul_ceiling
+
+
+def _reward_fn(answers: dict[str, str]):
+    from entrogym.envs.grading import grade
+
+    def correct(prompts, completions, **kwargs) -> list[float]:
+        # the arithmetic env's grading: last number counts when nothing is boxed
+        out = []
+        for prompt, completion in zip(prompts, completions, strict=True):
+            text = completion[-1]["content"] if isinstance(completion, list) else completion
+            reference = answers[prompt[-1]["content"] if isinstance(prompt, list) else prompt]
+            out.append(1.0 if grade(text, reference, 5.0, allow_bare_number=True).correct else 0.0)
+        return out
+
+    return correct
+
+
+def run(work: Workload) -> dict:
+    t_spawn = float(os.environ.get("BENCH_SPAWN_TIME", time.time()))
+    if work.threads:
+        torch.set_num_threads(work.threads)
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    s = work.settings
+    micro, minibatch = s["micro_batch_size"], s["minibatch_size"]
+    per_iteration = s["tasks"] * s["samples"]
+    stamps: list[float] = []
+
+    class Stamps(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            stamps.append(time.perf_counter())
+            stamps.append(time.time() - t_spawn)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            stamps.append(time.perf_counter())
+
+    answers = {p[-1]["content"]: a for p, a in zip(work.prompts, work.answers, strict=True)}
+    with tempfile.TemporaryDirectory(prefix="trl-bench-") as tmp:
+        config = GRPOConfig(
+            output_dir=tmp,
+            learning_rate=s["lr"],
+            lr_scheduler_type="constant",
+            weight_decay=s["weight_decay"],
+            max_grad_norm=s["max_grad_norm"],
+            per_device_train_batch_size=micro,
+            gradient_accumulation_steps=minibatch // micro,
+            steps_per_generation=per_iteration // micro,
+            num_generations=s["samples"],
+            max_completion_length=s["max_response_tokens"],
+            temperature=s["temperature"],
+            top_p=1.0,
+            top_k=0,
+            beta=0.0,
+            num_iterations=1,
+            epsilon=s["eps_low"],
+            epsilon_high=s["eps_high"],
+            loss_type="grpo",
+            scale_rewards="group",
+            shuffle_dataset=False,
+            max_steps=work.iterations * (per_iteration // minibatch),
+            use_cpu=work.device == "cpu",
+            bf16=work.dtype == "bf16",
+            fp16=work.dtype == "fp16",
+            logging_steps=10**6,
+            save_strategy="no",
+            report_to="none",
+            disable_tqdm=True,
+            seed=work.seed,
+        )
+        trainer = GRPOTrainer(
+            model=work.model_dir,
+            reward_funcs=_reward_fn(answers),
+            args=config,
+            train_dataset=Dataset.from_list([{"prompt": p} for p in work.prompts]),
+            peft_config=LoraConfig(
+                r=s["lora_rank"],
+                lora_alpha=s["lora_alpha"],
+                lora_dropout=0.0,
+                target_modules=list(s["target_modules"]),
+                task_type="CAUSAL_LM",
+            ),
+            callbacks=[Stamps()],
+        )
+        trainer.train()
+    steps = per_iteration // minibatch
+    t_begin, startup_s, ends = stamps[0], stamps[1], stamps[2:]
+    marks = [t_begin] + ends[steps - 1 :: steps]
+    seconds = [b - a for a, b in zip(marks, marks[1:], strict=False)]
+    return {
+        "startup_s": startup_s,
+        "iterations": [{"seconds": x} for x in seconds],
+        "threads": torch.get_num_threads(),
+        "ceiling_gflops": {"fp32": matmul_ceiling(torch.float32, work.device)},
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("workload", type=Path)
+    p.add_argument("result", type=Path)
+    args = p.parse_args()
+    args.result.write_text(json.dumps(run(Workload.load(args.workload))))
+
+
+if __name__ == "__main__":
+    main()
