@@ -36,6 +36,10 @@ class Batch:
         t = int(self.lengths[index].max())
         return self.input_ids[index, :t], self.attention_mask[index, :t]
 
+    def actions(self, index: torch.Tensor) -> torch.Tensor:
+        """``action_mask`` of rows ``index``, cut like :meth:`tokens`."""
+        return self.action_mask[index, : int(self.lengths[index].max())]
+
     def row(self, i: int) -> dict[str, list]:
         """Row ``i`` without padding, as plain lists (the inverse of padding)."""
         n = int(self.lengths[i])

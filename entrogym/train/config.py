@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, field, fields, make_dataclass
-from typing import Any, get_type_hints
+from typing import Any, Literal, get_type_hints
 
 import docstring_parser
 
@@ -142,6 +142,12 @@ class TrainConfig(AgentConfig):
         micro_batch_size: trajectories per forward/backward; gradients of a minibatch's
             micro-batches are accumulated, so this bounds activation memory, not the math.
         threads: torch CPU threads of the learner (None = torch's default).
+        score_layout: how a micro-batch is laid out for the scoring forward pass: ``trimmed``
+            (cut to its own longest row; exact), ``padded`` (the batch's width), or ``packed``
+            (one padding-free row with per-sequence position ids; within ~1e-5 in fp32).
+        action_only_head: run the LM head, log-softmax and entropy only at action positions
+            (the body still sees the whole context); exact, and most of the head's cost saved
+            where prompts and env feedback dominate.
         sampler_entropy_check: log ``sampler_entropy_gap`` / ``sampler_entropy_z`` each
             iteration (one extra no-grad scoring pass with exact entropies): whether the engine
             drew its tokens from the policy; |z| > 4 means it did not (e.g. a top-k sampler).
@@ -182,6 +188,8 @@ class TrainConfig(AgentConfig):
     micro_batch_size: int = 8
     threads: int | None = None
     sampler_entropy_check: bool = False
+    score_layout: Literal["padded", "trimmed", "packed"] = "trimmed"
+    action_only_head: bool = True
     lora_rank: int = 16
     lora_alpha: int = 32
     bf16_round_logprobs: bool = False

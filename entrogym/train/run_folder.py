@@ -58,6 +58,8 @@ RESUMABLE_FIELDS = frozenset(
         "resume",
         "checkpoint_every",
         "sampler_entropy_check",
+        "score_layout",
+        "action_only_head",
         "eval_env",
         "eval_env_kwargs",
         "eval_split",

@@ -44,7 +44,7 @@ from entrogym.train.logprobs import sequence_logprobs, sequence_logprobs_and_ent
 from entrogym.train.metrics import MetricsLogger, progress
 from entrogym.train.mismatch import sampler_entropy_gap, sampler_mismatch
 from entrogym.train.policy import LoraSettings, load_policy, save_adapter, trainable_parameters
-from entrogym.train.precision import loss_scaler_for, resolve_dtype
+from entrogym.train.precision import apply_threads, loss_scaler_for, resolve_dtype
 from entrogym.train.run_folder import (
     NothingToDo,
     RunFolder,
@@ -99,11 +99,16 @@ class Trainer:
         self._grad_norms: list[float] = []  # this iteration's pre-clip norms, filled by step()
         _seed_everything(cfg.seed)
         self.tasks = self._task_ids()
+        if cfg.threads is not None:
+            apply_threads(cfg.threads)
         self.policy = load_policy(
             cfg.model,
             dtype=cfg.dtype,
             lora=LoraSettings(r=cfg.lora_rank, alpha=cfg.lora_alpha),
             seed=cfg.seed,
+            # a 16-bit body keeps an fp32 LM head over upcast hidden states (paper Sec. 4);
+            # under torchrun FSDP2's output_dtype=float32 plays that part
+            head_dtype="fp32" if cfg.dtype != "fp32" and not self.ranks.distributed else None,
         )
         self.scaler = loss_scaler_for(resolve_dtype(cfg.dtype))
         self.control = make_control(self.algo)
@@ -397,7 +402,16 @@ class Trainer:
         input_ids, attention_mask = batch.tokens(index)
         mine = dd.rows_of_rank(len(index), self.ranks)
         fn = sequence_logprobs_and_entropy if need_entropy else sequence_logprobs
-        out = fn(self.policy, input_ids[mine], attention_mask[mine], **self.logprob_opts)
+        # Only action positions enter the loss: the LM head runs there alone (exact, faster).
+        heads = batch.actions(index)[mine] if self.cfg.action_only_head else None
+        out = fn(
+            self.policy,
+            input_ids[mine],
+            attention_mask[mine],
+            score_mask=heads,
+            layout=self.cfg.score_layout,
+            **self.logprob_opts,
+        )
         lp, ent = out if need_entropy else (out, None)
         lp = dd.gather_rows(lp, len(index), self.ranks)
         return lp, dd.gather_rows(ent, len(index), self.ranks) if need_entropy else None
