@@ -99,29 +99,30 @@ def clipped_policy_loss(
 
     if level == "token":
         ratio = token_importance_ratio(logprobs, old_logprobs)
-        unit_ratio, unit_adv, unit_mask = ratio, advantages, mask
+        # Clip statistics count what one ratio covers: a token here, a trajectory for GSPO.
+        stat_ratio, stat_adv, stat_mask = ratio, advantages, mask
     else:
         seq_ratio = sequence_importance_ratio(logprobs, old_logprobs, mask)
         ratio = seq_ratio.detach()[:, None] * torch.exp(logprobs - logprobs.detach())
         # Clip statistics count trajectories: the mean advantage stands for the sequence.
-        unit_ratio = seq_ratio
-        unit_adv = (advantages * mask).sum(dim=1) / mask.sum(dim=1)
-        unit_mask = torch.ones_like(seq_ratio)
+        stat_ratio = seq_ratio
+        stat_adv = (advantages * mask).sum(dim=1) / mask.sum(dim=1)
+        stat_mask = torch.ones_like(seq_ratio)
 
     objective = clipped_objective(ratio, advantages, low, high)
     loss = -aggregate(objective, mask, aggregation)
 
     with torch.no_grad():
-        n_units = unit_mask.sum()
-        r = unit_ratio.detach()
-        clipped_low = (unit_adv < 0) & (r < low) & (unit_mask > 0)
-        clipped_high = (unit_adv > 0) & (r > high) & (unit_mask > 0)
+        n_counted = stat_mask.sum()
+        r = stat_ratio.detach()
+        clipped_low = (stat_adv < 0) & (r < low) & (stat_mask > 0)
+        clipped_high = (stat_adv > 0) & (r > high) & (stat_mask > 0)
         k3 = (torch.exp(log_ratio_tok) - 1) - log_ratio_tok
         metrics = {
-            "clip_frac_low": float(clipped_low.sum() / n_units),
-            "clip_frac_high": float(clipped_high.sum() / n_units),
-            "ratio_mean": float((r * unit_mask).sum() / n_units),
-            "ratio_max": float(r.masked_fill(unit_mask == 0, -float("inf")).max()),
+            "clip_frac_low": float(clipped_low.sum() / n_counted),
+            "clip_frac_high": float(clipped_high.sum() / n_counted),
+            "ratio_mean": float((r * stat_mask).sum() / n_counted),
+            "ratio_max": float(r.masked_fill(stat_mask == 0, -float("inf")).max()),
             "approx_kl": float((k3.detach() * mask).sum() / mask.sum()),
         }
     return loss, metrics

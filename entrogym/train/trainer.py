@@ -25,7 +25,7 @@ from entrogym.agents.episode import Episode
 from entrogym.agents.rollout import check_env_errors, collect_rollouts
 from entrogym.algos import UpdateBatch, make_control, micro_batches, policy_update
 from entrogym.envs.base import make_text_env, task_ids_of
-from entrogym.train import distributed as dd
+from entrogym.train import distributed
 from entrogym.train.batch import Batch, collate_episodes
 from entrogym.train.checkpoint import (
     CheckpointWarning,
@@ -79,7 +79,7 @@ class Trainer:
         Setup runs in small steps; the run-folder checks and its lock come first, so a wrong
         ``--out`` or a second writer fails before any model loads."""
         self.cfg = cfg
-        self.ranks = dd.setup_ranks()
+        self.ranks = distributed.setup_ranks()
         self.run_dir = Path(cfg.out)
         self.folder: RunFolder | None = None
         self.logger: MetricsLogger | None = None
@@ -149,7 +149,7 @@ class Trainer:
             return "resume", None if ckpt is None else str(ckpt)
 
         # Every rank learns the outcome, so a torchrun group stops together.
-        outcome, value = dd.on_main(open_folder, self.ranks)
+        outcome, value = distributed.on_main(open_folder, self.ranks)
         if outcome == "done":
             raise NothingToDo(value)
         return None if value is None else Path(value)
@@ -228,7 +228,9 @@ class Trainer:
 
     def _restore_training_state(self, ckpt: Path) -> None:
         saved = read_training_state(ckpt)
-        dd.load_optimizer_state(self.policy, self.optimizer, saved["optimizer"], self.ranks)
+        distributed.load_optimizer_state(
+            self.policy, self.optimizer, saved["optimizer"], self.ranks
+        )
         set_rng_state(saved["rng"])
 
     def _say(self, message: str, **kwargs: Any) -> None:
@@ -271,7 +273,7 @@ class Trainer:
         """Write the current weights as ``adapters/vNNNNNN`` (one folder per version: engines
         reload a new path) for the rollouts, evaluation and servers that follow, and drop the
         versions no engine reads any more (checkpoints hold their own copy)."""
-        weights = dd.gathered_adapter(self.policy, self.ranks)  # collective under torchrun
+        weights = distributed.gathered_adapter(self.policy, self.ranks)  # collective under torchrun
         folder = adapter_folder(self.run_dir, version)
         if self.ranks.main:
             save_adapter(self.policy, folder, weights)
@@ -317,7 +319,7 @@ class Trainer:
     def iteration(self, it: int) -> dict[str, Any]:
         cfg = self.cfg
         # 1. Rollouts (rank 0), broadcast to every rank of a torchrun learner.
-        batch, rollout_stats = dd.on_main(lambda: self.collect(it), self.ranks)
+        batch, rollout_stats = distributed.on_main(lambda: self.collect(it), self.ranks)
 
         # 2. The preset's update: advantages, entropy control, clipped loss, steps. The old
         #    log-probs are rescored here in fp32 (never the engine's): by the update itself,
@@ -400,7 +402,7 @@ class Trainer:
         update), ``[b, t]`` with ``t`` their longest row, under the caller's grad mode. Under
         torchrun each rank scores its share of the rows and the results are all-gathered."""
         input_ids, attention_mask = batch.tokens(index)
-        mine = dd.rows_of_rank(len(index), self.ranks)
+        mine = distributed.rows_of_rank(len(index), self.ranks)
         fn = sequence_logprobs_and_entropy if need_entropy else sequence_logprobs
         # Only action positions enter the loss: the LM head runs there alone (exact, faster).
         heads = batch.actions(index)[mine] if self.cfg.action_only_head else None
@@ -413,8 +415,8 @@ class Trainer:
             **self.logprob_opts,
         )
         lp, ent = out if need_entropy else (out, None)
-        lp = dd.gather_rows(lp, len(index), self.ranks)
-        return lp, dd.gather_rows(ent, len(index), self.ranks) if need_entropy else None
+        lp = distributed.gather_rows(lp, len(index), self.ranks)
+        return lp, distributed.gather_rows(ent, len(index), self.ranks) if need_entropy else None
 
     def step(self) -> bool:
         """Unscale (fp16), clip and take one optimizer step; False when it was skipped for
@@ -452,14 +454,16 @@ class Trainer:
             )
             return {"kind": "eval", "iteration": it, "env": cfg.eval_env, **result.summary}
 
-        return dd.on_main(run, self.ranks)
+        return distributed.on_main(run, self.ranks)
 
     def checkpoint(self, it: int, best: bool = False) -> None:
         gathered = {}
         if self.ranks.distributed:  # collectives: every rank takes part, rank 0 writes
             gathered = {
-                "weights": dd.gathered_adapter(self.policy, self.ranks),
-                "optimizer_state": dd.optimizer_state(self.policy, self.optimizer, self.ranks),
+                "weights": distributed.gathered_adapter(self.policy, self.ranks),
+                "optimizer_state": distributed.optimizer_state(
+                    self.policy, self.optimizer, self.ranks
+                ),
             }
         if not self.ranks.main:
             return
@@ -494,7 +498,7 @@ class Trainer:
         if self.folder is not None:
             self.folder.release()
         if barrier:
-            dd.barrier(self.ranks)
+            distributed.barrier(self.ranks)
 
 
 def _newest_first(run_dir: Path, newest: Path | None) -> Iterator[Path]:
@@ -533,7 +537,7 @@ def train(cfg: TrainConfig) -> Path:
     try:
         trainer = Trainer(cfg)
     except NothingToDo as done:
-        if not dd.launched_by_torchrun() or int(os.environ.get("RANK", "0")) == 0:
+        if not distributed.launched_by_torchrun() or int(os.environ.get("RANK", "0")) == 0:
             print(done, flush=True)
         return Path(cfg.out)
     try:
