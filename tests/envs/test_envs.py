@@ -29,7 +29,7 @@ from entrogym.envs.arithmetic import ArithmeticEnv, evaluate
 from entrogym.envs.datasets import load_problems, parse_jsonl
 from entrogym.envs.math_env import MathEnv
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MINE = {
     "entrogym/AIME-v0": 30,
     "entrogym/AIME2025-v0": 30,

@@ -87,7 +87,7 @@ def _run_cli(args: list[str]) -> subprocess.Popen:
     )
     return subprocess.Popen(
         [sys.executable, "-c", code, *args],
-        cwd=Path(__file__).parent.parent,
+        cwd=Path(__file__).resolve().parents[2],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -19,7 +19,7 @@ from entrogym.localserver import free_port
 from entrogym.models import resolve_model
 from entrogym.train.checkpoint import latest_checkpoint, read_training_state
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).resolve().parents[1]  # vowel_env.py lives there
 MODEL = "tiny-random-llama"
 
 

@@ -20,7 +20,7 @@ from entrogym.commands.train import parse_config
 from entrogym.envs.base import make_text_env, task_ids_of
 from entrogym.train.config import TrainConfig
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "examples" / "configs"
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "examples" / "configs"
 CONFIGS = sorted(CONFIG_DIR.glob("*.yaml"))
 PAPER_ENVS = ("aime", "appworld")
 # AppWorld splits exist only once its data is installed, so they are checked by name.
