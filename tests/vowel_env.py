@@ -16,7 +16,7 @@ class VowelEnv(TextEnv):
         self.resolve_split(split)
         return [f"v{i}" for i in range(6)]
 
-    def _begin(self, task_id: str):
+    def _start_task(self, task_id: str):
         return f"Say something with many vowels ({task_id}).", {}
 
     def _respond(self, action: str) -> Turn:

@@ -30,7 +30,7 @@ class ChatEnv(TextEnv):
     def task_ids(self, split: str | None = None) -> list[str]:
         return ["count", "colour"]
 
-    def _begin(self, task_id: str) -> tuple[str, dict]:
+    def _start_task(self, task_id: str) -> tuple[str, dict]:
         prompts = {"count": "Count from 1 to 3.", "colour": "Name a colour."}
         return prompts[task_id], {}
 
@@ -178,7 +178,7 @@ def test_multi_turn_episodes_are_token_exact(tokenizer):
             contents.append(tokenizer.decode(c.token_ids[:-1] if stopped else c.token_ids))
         assert all(lp == 0.0 for lp, m in zip(ep.sampler_logprobs, mask, strict=True) if not m)
         # The ids decode to the template's own rendering of the conversation.
-        messages = [{"role": "user", "content": ChatEnv()._begin(ep.task_id)[0]}]
+        messages = [{"role": "user", "content": ChatEnv()._start_task(ep.task_id)[0]}]
         for turn, (content, action) in enumerate(
             zip(contents[:-1], ep.info["actions"], strict=False)
         ):

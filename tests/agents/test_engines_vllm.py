@@ -150,7 +150,7 @@ def test_rollouts_are_token_exact(engine, tokenizer):
         def task_ids(self, split=None):
             return ["a", "b"]
 
-        def _begin(self, task_id):
+        def _start_task(self, task_id):
             return f"Task {task_id}.", {}
 
         def _respond(self, action):
