@@ -26,3 +26,13 @@ def torch_dtype(name: str) -> torch.dtype:
     import torch
 
     return getattr(torch, _TORCH_NAMES[name])
+
+
+def bf16_round(values: torch.Tensor) -> torch.Tensor:
+    """Round to bfloat16 (round-to-nearest-even) and back: what a bf16 output cast does to
+    log-probs before the importance ratio (paper Sec. 4.1 "16-bit Quantization of Model Outputs
+    Affects Clipping"). The one copy of that rounding: the theory check measures it and the
+    trainer's opt-in emulation (``bf16_round_logprobs``) applies it."""
+    import torch
+
+    return values.to(torch.bfloat16).to(values.dtype)

@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from entrogym.dtypes import bf16_round
+
 # Below this complement, 1 - p rounds to 0 in float32 (half an ulp of 1.0 is 2^-24; the paper
 # states the threshold as p > 1 - 2^-23, appendix "Softmax Gradient Numerical Precision").
 FP32_SOFTMAX_THRESHOLD = 2.0**-23
-
-
-def bf16_round(values: torch.Tensor) -> torch.Tensor:
-    """Round to bfloat16 (round-to-nearest-even) and back: what an FSDP2 output cast does to
-    log-probs before the importance ratio (Sec. 4.1 "16-bit Quantization of Model Outputs Affects Clipping")."""
-    return values.to(torch.bfloat16).to(values.dtype)
 
 
 def observed_ratio_bf16(logprobs: torch.Tensor, old_logprobs: torch.Tensor) -> torch.Tensor:

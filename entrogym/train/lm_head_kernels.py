@@ -21,6 +21,8 @@ import math
 import torch
 from torch import Tensor
 
+from entrogym.dtypes import bf16_round
+
 # p_target > 1 - 2^-23  <=>  logp_target > log1p(-2^-23): in fp32, 1 - p rounds to 0 there (the
 # paper's threshold). The fix no longer branches on it (it applies to every row); kept as the
 # named regime for tests and diagnostics.
@@ -165,7 +167,7 @@ def _resolve_impl(impl: str, device: torch.device) -> str:
 
 def round_to_bf16(logp: Tensor) -> Tensor:
     """Emulate log-probs stored in bf16 (the bias of Thm 3), straight-through in backward."""
-    return logp + (logp.to(torch.bfloat16).float() - logp).detach()
+    return logp + (bf16_round(logp) - logp).detach()
 
 
 def token_logprobs(
