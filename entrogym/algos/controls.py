@@ -2,10 +2,14 @@
 
 A control may change the update in four places, each optional (the defaults change nothing):
 
-* ``shape_advantages(advantages, logprobs)``: per-token advantages from the latest policy's
-  detached log-probs (REPO-R, REPO-D);
+* ``shape_advantages(advantages, logprobs, entropies)``: per-token advantages from the latest
+  policy's detached log-probs (REPO-R, REPO-D; with ``repo_centering: exact`` centred by the
+  exact entropies);
 * ``extra_loss(logprobs, entropies, mask)``: a term added to the clipped loss (the entropy
-  bonus); ``needs_entropy = True`` asks the scorer for exact per-token entropies;
+  bonus);
+
+``needs_entropy`` (a class attribute or a property) asks the scorer for the exact per-token
+entropies at the log-probs' positions; without it ``entropies`` is ``None`` in both hooks;
 * ``lower_clip`` / ``upper_clip``: the clip range it uses (ADAPO moves ``upper_clip``);
 * ``steer(entropy, target)``: its feedback loop, run once per iteration by ``observe``.
 
@@ -16,7 +20,7 @@ The target is the entropy of the first iteration's experience (paper Sec. 5), se
     class MyControl(EntropyControl):
         knobs = ("zeta_init",)  # the AlgorithmConfig fields it reads, settable per preset
 
-        def shape_advantages(self, advantages, logprobs):
+        def shape_advantages(self, advantages, logprobs, entropies=None):
             return advantages - self.config.zeta_init * logprobs.detach()
 
 ``examples/custom_entropy_control.py`` writes one and runs it in the bandit lab.
@@ -32,6 +36,7 @@ import torch
 from entrogym.algos.entropy import (
     EpsHighController,
     ZetaController,
+    centred_logprobs,
     entropy_bonus_loss,
     repo_d,
     repo_r,
@@ -56,8 +61,14 @@ class EntropyControl:
         self.target: float | None = None
         self.history: list[float] = []
 
-    def shape_advantages(self, advantages: torch.Tensor, logprobs: torch.Tensor) -> torch.Tensor:
-        """Advantages ``[b]`` or ``[b, T]`` for the loss; ``logprobs`` are the current scores."""
+    def shape_advantages(
+        self,
+        advantages: torch.Tensor,
+        logprobs: torch.Tensor,
+        entropies: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Advantages ``[b]`` or ``[b, T]`` for the loss; ``logprobs`` are the current scores,
+        ``entropies`` the exact per-token entropies when ``needs_entropy`` (else ``None``)."""
         return advantages
 
     def extra_loss(
@@ -184,20 +195,54 @@ class ZetaControl(EntropyControl):
         return {"zeta": self.zeta}
 
 
+class RepoControl(ZetaControl):
+    """REPO's shaping with raw log pi or, with ``repo_centering: exact``, log pi + H(s)."""
+
+    knobs = (*ZetaControl.knobs, "repo_centering")
+
+    @property
+    def needs_entropy(self) -> bool:  # type: ignore[override]
+        # Only the exact form needs H(s); raw REPO keeps the scorer's cheap path.
+        return self.config.repo_centering == "exact"
+
+    def shaping_logprobs(
+        self, logprobs: torch.Tensor, entropies: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The detached log-probs REPO shapes with: raw, or centred by the exact entropies."""
+        if not self.needs_entropy:
+            return logprobs.detach()
+        if entropies is None:
+            raise ValueError(
+                "repo_centering='exact' needs the scorer's exact per-token entropies; the "
+                "score function must return them when asked (need_entropy=True)"
+            )
+        return centred_logprobs(logprobs, entropies)
+
+
 @register_control("repo-r")
-class RepoR(ZetaControl):
+class RepoR(RepoControl):
     """REPO-R: multiplicative per-token reshaping of the advantages (appendix "REPO-R")."""
 
-    def shape_advantages(self, advantages: torch.Tensor, logprobs: torch.Tensor) -> torch.Tensor:
-        return repo_r(advantages, logprobs.detach(), self.coefficient)
+    def shape_advantages(
+        self,
+        advantages: torch.Tensor,
+        logprobs: torch.Tensor,
+        entropies: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return repo_r(advantages, self.shaping_logprobs(logprobs, entropies), self.coefficient)
 
 
 @register_control("repo-d")
-class RepoD(ZetaControl):
+class RepoD(RepoControl):
     """REPO-D: A - zeta * logp per token (Sec. 5)."""
 
-    def shape_advantages(self, advantages: torch.Tensor, logprobs: torch.Tensor) -> torch.Tensor:
-        return repo_d(advantages, logprobs.detach(), self.coefficient)
+    def shape_advantages(
+        self,
+        advantages: torch.Tensor,
+        logprobs: torch.Tensor,
+        entropies: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return repo_d(advantages, self.shaping_logprobs(logprobs, entropies), self.coefficient)
 
 
 @register_control("entropy-bonus")

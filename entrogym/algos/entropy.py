@@ -31,7 +31,8 @@ def repo_r(advantages: torch.Tensor, logprobs: torch.Tensor, zeta: float) -> tor
 
     A > 0: A * (1 - zeta * logp), clamped at >= 0.   A < 0: A * (1 + zeta * logp), clamped at <= 0.
     A == 0: unchanged. ``logp`` is the latest policy's log-prob of the sampled token, detached
-    (raw, not centred, as in the paper's implementation). For zeta > 0 this boosts rare correct
+    (raw as in the paper's implementation, or ``centred_logprobs`` with ``repo_centering:
+    exact``). For zeta > 0 this boosts rare correct
     tokens and softens the penalty on rare wrong ones (entropy up); zeta < 0 does the reverse.
     """
     logp = as_float_tensor("logprobs", logprobs).detach()
@@ -41,10 +42,31 @@ def repo_r(advantages: torch.Tensor, logprobs: torch.Tensor, zeta: float) -> tor
     return torch.where(adv > 0, positive, torch.where(adv < 0, negative, adv))
 
 
+def centred_logprobs(logprobs: torch.Tensor, token_entropies: torch.Tensor) -> torch.Tensor:
+    """log pi(a|s) - E_{a'~pi}[log pi(a'|s)] = log pi(a|s) + H(s) (Sec. 5; appendix "REPO-R:
+    Derivation").
+
+    The centred log-prob is the form REPO derives from Cor. 1; the paper's implementation
+    approximates it by the raw log pi because it considered the mean expensive. ``logprobs``
+    are the sampled tokens' log-probs and ``token_entropies`` the exact entropies H(s) of the
+    distributions they were drawn from, at the same positions; both are detached, since REPO
+    treats the shaping term as a constant.
+    """
+    logprobs = as_float_tensor("logprobs", logprobs).detach()
+    token_entropies = as_float_tensor("token_entropies", token_entropies).detach()
+    if logprobs.shape != token_entropies.shape:
+        raise ValueError(
+            f"token_entropies shape {tuple(token_entropies.shape)} must equal logprobs shape "
+            f"{tuple(logprobs.shape)}; score the entropies at the sampled tokens' positions"
+        )
+    return logprobs + token_entropies
+
+
 def repo_d(advantages: torch.Tensor, logprobs: torch.Tensor, zeta: float) -> torch.Tensor:
     """REPO-D per-token advantage (Sec. 5, A_REPO = A - beta_s * centred logp).
 
-    A - zeta * logp with raw log-probs in place of centred ones, as the paper does for REPO-R.
+    A - zeta * logp with raw log-probs in place of centred ones, as the paper does for REPO-R
+    (pass ``centred_logprobs`` for the exact form).
     Equivalent in expectation to an entropy bonus zeta * H (appendix "Connection to entropy
     regularization"), estimated from the sampled token alone.
     """

@@ -11,8 +11,13 @@ the knobs of its control: ``zeta_max`` is a knob of ``repo-r``, not of ``grpo``.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from typing import Literal, get_args
 
 from entrogym.algos.controls import control_class
+
+# How REPO's shaping log-prob is centred: the paper's raw log pi, or the exact log pi + H(s).
+RepoCentering = Literal["raw", "exact"]
+REPO_CENTERINGS: tuple[str, ...] = get_args(RepoCentering)
 
 # The knobs every preset has; a control adds its own (``EntropyControl.knobs``).
 COMMON_KNOBS = (
@@ -45,6 +50,10 @@ class AlgorithmConfig:
             (knobs of ``repo-r``, ``repo-d`` and ``entropy-bonus``).
         eps_high_min, eps_high_max, eps_high_up, eps_high_down: ADAPO's EpsHighController
             (knobs of ``adapo``).
+        repo_centering: REPO's shaping log-prob: ``"raw"`` log pi (the paper's
+            implementation) or ``"exact"`` log pi + H(s) with the exact per-token entropy
+            (Sec. 5), which makes the scorer compute entropies (knob of ``repo-r`` and
+            ``repo-d``).
     """
 
     name: str
@@ -63,6 +72,7 @@ class AlgorithmConfig:
     eps_high_max: float = 0.32
     eps_high_up: float = 1.05
     eps_high_down: float = 0.95
+    repo_centering: RepoCentering = "raw"
 
     def __post_init__(self) -> None:
         if self.advantage not in ("rloo", "grpo"):
@@ -77,8 +87,18 @@ class AlgorithmConfig:
             raise ValueError(
                 f"aggregation must be 'sequence-mean' or 'token-mean', got {self.aggregation!r}"
             )
+        if self.repo_centering not in REPO_CENTERINGS:
+            raise ValueError(
+                f"repo_centering must be one of {', '.join(REPO_CENTERINGS)}, "
+                f"got {self.repo_centering!r}"
+            )
         # Building the control checks its knobs' values (e.g. zeta_min <= zeta_max).
         control_class(self.control)(self)
+        if self.repo_centering != "raw" and "repo_centering" not in self.knobs:
+            raise ValueError(
+                f"repo_centering={self.repo_centering!r} does not apply to control "
+                f"{self.control!r}; presets that accept it: {', '.join(presets_with('repo_centering'))}"
+            )
 
     @property
     def knobs(self) -> tuple[str, ...]:
@@ -91,9 +111,11 @@ class AlgorithmConfig:
         for key in changes:
             if key not in self.knobs:
                 what = "does not apply to" if key in names else "is not a knob of"
+                accepting = presets_with(key)
+                where = f"presets that accept it: {', '.join(accepting)}; " if accepting else ""
                 raise ValueError(
                     f"algo: {key!r} {what} preset {self.name!r} (control {self.control!r}); "
-                    f"its knobs: {', '.join(self.knobs)}"
+                    f"{where}its knobs: {', '.join(self.knobs)}"
                 )
         return replace(self, **changes)
 
@@ -145,3 +167,8 @@ def get_algorithm(name: str, **overrides: object) -> AlgorithmConfig:
 def preset_knobs(name: str) -> tuple[str, ...]:
     """The knobs of preset ``name``: the common ones plus its control's own."""
     return _preset(name).knobs
+
+
+def presets_with(knob: str) -> list[str]:
+    """The presets that have ``knob`` (e.g. ``repo_centering``: repo-r, repo-d)."""
+    return [name for name, preset in ALGORITHMS.items() if knob in preset.knobs]

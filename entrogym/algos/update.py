@@ -7,7 +7,8 @@ step (unscale, clip, step) and how to clear gradients; everything algorithmic ha
 
     for each epoch, for each minibatch:
         zero_grad()
-        for each micro-batch: score -> control.shape_advantages -> clipped_policy_loss
+        for each micro-batch: score (+ entropies if control.needs_entropy)
+                              -> control.shape_advantages -> clipped_policy_loss
                               (+ control.extra_loss) -> backward(weighted loss)
         step()                      (skipped when any part was non-finite)
 
@@ -88,7 +89,7 @@ def micro_batch_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The control's advantages -> ``clipped_policy_loss`` (+ the control's extra term)."""
     config = control.config
-    advantages = control.shape_advantages(rows.advantages, logprobs)
+    advantages = control.shape_advantages(rows.advantages, logprobs, entropies)
     loss, metrics = clipped_policy_loss(
         logprobs,
         rows.old_logprobs,

@@ -1,4 +1,7 @@
-"""``entrogym bandit``: the tabular theory lab (every preset on ``entrogym/Bandit-v0``)."""
+"""``entrogym bandit``: the tabular theory lab (every preset on ``entrogym/Bandit-v0``).
+
+``entrogym bandit sweep ...`` runs the lab over a grid of knobs (``entrogym.theory.sweep``).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +15,12 @@ from entrogym.theory.lab import LabConfig
 from entrogym.train.config import AlgoKnobs, set_knobs
 
 PROG = "entrogym bandit"
+DESCRIPTION = (
+    "Train a tabular softmax policy on bandits with every preset. "
+    "`entrogym bandit sweep --algos PRESET --KNOB V1,V2 ...` runs the lab over a grid of lab "
+    "and preset knobs (e.g. --lr 4,16 --algo.zeta_max 0.05,0.5 --algo.repo_centering "
+    "raw,exact) and writes a table and heatmaps; see `entrogym bandit sweep --help`."
+)
 
 
 @dataclass
@@ -45,7 +54,7 @@ def build_parser() -> Any:
     # the nested --algo.* options are how knobs are given here, so the raw dict is not an option
     return make_parser(
         PROG,
-        "Train a tabular softmax policy on bandits with every preset.",
+        DESCRIPTION,
         BanditOptions,
         preset_groups=(),
         skip=("knobs",),
@@ -53,7 +62,12 @@ def build_parser() -> Any:
 
 
 def cli(argv: list[str]) -> int:
-    """``entrogym bandit --algos ... --seeds 3 --iters N --out DIR [--json]``."""
+    """``entrogym bandit --algos ... --seeds 3 --iters N --out DIR [--json]``, or
+    ``entrogym bandit sweep ...`` (the grid sweep)."""
+    if argv and argv[0] == "sweep":
+        from entrogym.theory.sweep import sweep_cli
+
+        return sweep_cli(argv[1:], prog=f"{PROG} sweep")
 
     def body() -> int:
         from entrogym.theory.lab import run_lab

@@ -25,10 +25,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from entrogym.algos.presets import preset_knobs, presets_with
 from entrogym.atomic import atomic_path, atomic_write_text
 from entrogym.theory.lab import LabConfig, run_one
 from entrogym.theory.lab_report import HOLD_TOLERANCE, summarize
-from entrogym.theory.variants import convert, parse_knob_value, preset_knobs, variant_label
+from entrogym.theory.variants import convert, parse_knob_value, variant_label
 
 ALGO_PREFIX = "algo."
 # Chosen per sweep rather than per cell: presets and seeds are the sweep's own options.
@@ -65,8 +66,13 @@ def check_grid(algos: list[str], grid: dict[str, list[object]]) -> None:
         valid = valid_knobs(algo)  # raises on an unknown preset
         for knob, values in grid.items():
             if knob not in valid:
+                accepting = (
+                    presets_with(knob[len(ALGO_PREFIX) :]) if knob.startswith(ALGO_PREFIX) else []
+                )
+                where = f"presets that accept it: {', '.join(accepting)}; " if accepting else ""
                 raise ValueError(
-                    f"knob {knob!r} does not apply to preset {algo!r}; its knobs: {', '.join(valid)}"
+                    f"knob {knob!r} does not apply to preset {algo!r}; {where}"
+                    f"its knobs: {', '.join(valid)}"
                 )
             if not values:
                 raise ValueError(f"empty grid: knob {knob!r} has no values; give e.g. 1,2")
@@ -258,7 +264,7 @@ Runs the bandit lab over the grid of the given knobs (a knob given one value is 
 writes DIR/sweep.csv, DIR/sweep.json and DIR/sweep_<preset>.png (final/initial entropy over
 two knobs, by default the first two swept ones). Lab knobs: {lab}. Preset knobs: algo.<knob>
 for the preset's knobs, e.g. algo.zeta_max, algo.eps_high_max, algo.epochs,
-algo.minibatch_size. Example:
+algo.minibatch_size, algo.repo_centering (raw,exact; repo-r and repo-d). Example:
   entrogym bandit sweep --algos repo-r --lr 4,16 --algo.zeta_max 0.05,0.5 --iters 100 --seeds 2
 """
 
@@ -280,7 +286,8 @@ def _split(text: str) -> list[str]:
 
 
 def parse_sweep_args(argv: list[str]) -> SweepArgs:
-    """``--name value`` / ``--name=value`` pairs; grid knobs take comma-separated values."""
+    """``--name value`` / ``--name=value`` pairs; grid knobs take comma-separated values.
+    Dashes in a name read as underscores (``--n-arms`` is ``n_arms``)."""
     options: dict[str, str] = {}
     tokens = list(argv)
     while tokens:
@@ -288,6 +295,9 @@ def parse_sweep_args(argv: list[str]) -> SweepArgs:
         if not token.startswith("--") or token == "--":
             raise ValueError(f"unexpected argument {token!r}; options look like --lr 4,16")
         name, sep, value = token[2:].partition("=")
+        name = name.replace(
+            "-", "_"
+        )  # --n-arms / --algo.zeta-max, as the other commands spell them
         if not sep:
             if not tokens:
                 raise ValueError(f"--{name} needs a value")
@@ -302,7 +312,7 @@ def parse_sweep_args(argv: list[str]) -> SweepArgs:
     if "out" in options:
         args.out = Path(options.pop("out"))
     if "heatmap" in options:
-        args.heatmap = _split(options.pop("heatmap"))
+        args.heatmap = [k.replace("-", "_") for k in _split(options.pop("heatmap"))]
     if "workers" in options:
         args.workers = int(convert("workers", options.pop("workers"), int))
     check_grid(algos, {k: [None] for k in options})  # names first, before reading values

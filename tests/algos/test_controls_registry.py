@@ -58,7 +58,9 @@ def test_every_builtin_control_is_registered_and_named_by_its_presets():
         control = make_control(preset)
         assert type(control) is CONTROLS[preset.control] and control.name == preset.control, name
     assert ALGORITHMS["grpo"].control == "none"
-    assert CONTROLS["entropy-bonus"].needs_entropy and not CONTROLS["repo-r"].needs_entropy
+    # needs_entropy is read from the control in use (REPO's depends on repo_centering)
+    assert make_control(ALGORITHMS["grpo-entropy-bonus"]).needs_entropy
+    assert make_control(ALGORITHMS["repo-r"]).needs_entropy is False
 
 
 def test_each_control_shapes_the_update_as_its_formula_says():

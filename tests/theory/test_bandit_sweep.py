@@ -74,3 +74,19 @@ def test_cli_writes_table_and_heatmaps(tmp_path: Path, capsys) -> None:
     for algo in ("repo-r", "repo-d"):
         assert (tmp_path / f"sweep_{algo}.png").stat().st_size > 1000
     assert "sweep.csv" in capsys.readouterr().out
+
+
+def test_entrogym_bandit_sweep_reaches_the_sweep(tmp_path: Path, capsys) -> None:
+    from entrogym.commands import bandit
+
+    assert "entrogym bandit sweep" in bandit.build_parser().format_help()
+    tiny = ["--iters", "4", "--n-states", "3", "--n-arms", "4", "--samples-per-state", "3"]
+    argv = ["sweep", "--algos", "repo-r", "--lr", "4,16", "--algo.repo-centering", "raw,exact"]
+    assert bandit.cli([*argv, *tiny, "--seeds", "1", "--workers", "1", "--out", str(tmp_path)]) == 0
+    with open(tmp_path / "sweep.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["lr"], r["algo.repo_centering"]) for r in rows] == [
+        ("4.0", "raw"), ("4.0", "exact"), ("16.0", "raw"), ("16.0", "exact"),
+    ]  # fmt: skip
+    assert bandit.cli(["sweep", "--algos", "grpo", "--algo.repo_centering", "exact"]) == 2
+    assert "presets that accept it: repo-r, repo-d" in capsys.readouterr().err
