@@ -15,7 +15,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "bandit": (
         "entrogym.commands.bandit:cli",
-        "train a tabular softmax policy on bandits with every preset",
+        "train a tabular softmax policy on bandits with every preset (`bandit sweep`: grids)",
     ),
     "theory": (
         "entrogym.commands.theory:cli",

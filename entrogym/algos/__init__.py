@@ -12,6 +12,7 @@ from entrogym.algos.controls import (
 from entrogym.algos.entropy import (
     EpsHighController,
     ZetaController,
+    centred_logprobs,
     entropy_bonus_loss,
     repo_d,
     repo_r,
@@ -49,5 +50,6 @@ __all__ = [
     "rloo",
     "sampled_entropy",
     "score_old_logprobs",
+    "centred_logprobs",
     "token_entropy_from_logits",
 ]

@@ -177,12 +177,13 @@ def sampled_entropy(logprobs: torch.Tensor, mask: torch.Tensor) -> float:
 
 
 def token_entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Exact per-position entropy H = -sum_a p(a) log p(a) over the last axis, in fp32.
+    """Exact per-position entropy H = -sum_a p(a) log p(a) over the last axis, in fp32 (fp64
+    input stays fp64, for the theory checks).
 
     Differentiable. Materialises the full distribution: fine for bandits and diagnostics; the
     LLM path computes the same quantity in vocabulary chunks (entrogym.train.logprobs).
     """
-    logp = torch.log_softmax(logits.float(), dim=-1)
+    logp = torch.log_softmax(logits if logits.dtype == torch.float64 else logits.float(), dim=-1)
     return -(logp.exp() * logp).sum(dim=-1)
 
 

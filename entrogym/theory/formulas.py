@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import torch
 
+from entrogym.algos import token_entropy_from_logits
+
 
 def softmax_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """H(softmax(logits)) = -sum_a pi(a) log pi(a) over the last dimension."""
-    logp = torch.log_softmax(logits, dim=-1)
-    return -(logp.exp() * logp).sum(dim=-1)
+    """H(softmax(logits)) = -sum_a pi(a) log pi(a) over the last dimension (the algorithm
+    core's formula; fp64 logits give an fp64 entropy)."""
+    return token_entropy_from_logits(logits)
 
 
 def expected_pg_logit_gradient(logits: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:

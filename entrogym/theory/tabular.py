@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from entrogym.algos import token_entropy_from_logits
+
 INITS = ("calibrated", "flat")
 
 
@@ -81,8 +83,7 @@ class TabularSoftmaxPolicy(torch.nn.Module):
     @torch.no_grad()
     def state_entropies(self) -> torch.Tensor:
         """Exact entropy H(pi(. | s)) of every state, [S] (float64)."""
-        logp = torch.log_softmax(self.logits.double(), dim=-1)
-        return -(logp.exp() * logp).sum(dim=-1)
+        return token_entropy_from_logits(self.logits.double())
 
     @torch.no_grad()
     def expected_rewards(self, reward_means: torch.Tensor) -> torch.Tensor:
