@@ -141,15 +141,17 @@ def test_included_file_resolves_relative_to_the_including_file(
 
 def test_later_sources_override_earlier_ones() -> None:
     """What README.md in examples/configs documents: files and options apply left to right,
-    and a dict option (algo_overrides) is replaced whole, not merged."""
+    and a nested preset knob set earlier stays set when a later source changes another."""
     cfg = load(CONFIG_DIR / "appworld.yaml", "--config", str(CONFIG_DIR / "aime-dapo.yaml"))
     assert (cfg.env, cfg.algo.name) == ("entrogym/AIMETrain-v0", "dapo")
-    cfg = load(CONFIG_DIR / "aime.yaml", "--algo", "rloo", "--algo-overrides", "{}")
-    assert (cfg.algo.name, cfg.algo_overrides) == ("rloo", {})
+    cfg = load(CONFIG_DIR / "aime.yaml", "--algo", "rloo")
+    assert (cfg.algo.name, cfg.algorithm().minibatch_size) == ("rloo", 256)
     cfg = load(CONFIG_DIR / "aime-grpo.yaml", "--seed", "3", "--out", "runs/x")
-    assert (cfg.seed, cfg.out, cfg.algo_overrides) == (3, "runs/x", {"minibatch_size": 256})
-    cfg = load(CONFIG_DIR / "aime-grpo.yaml", "--algo_overrides.epochs", "3")
-    assert cfg.algo_overrides == {"minibatch_size": 256, "epochs": 3}
+    assert (cfg.seed, cfg.out, cfg.algorithm().minibatch_size) == (3, "runs/x", 256)
+    cfg = load(CONFIG_DIR / "aime-grpo.yaml", "--algo.epochs", "3")
+    assert (cfg.algorithm().epochs, cfg.algorithm().minibatch_size) == (3, 256)
+    cfg = load(CONFIG_DIR / "aime.yaml", "--algo-overrides", '{"epochs": 3}')  # the older form
+    assert (cfg.algorithm().epochs, cfg.algorithm().minibatch_size) == (3, 256)
 
 
 def test_engine_urls_take_a_list() -> None:
