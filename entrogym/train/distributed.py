@@ -10,7 +10,7 @@ every metric) is identical on all ranks while each backward pass touches only lo
 Why the gradient comes out right: the all-gather's backward sums the identical upstream
 gradients of the W ranks (W x the gradient of the local rows), and FSDP2's reduce-scatter
 averages over ranks, so each parameter receives exactly the whole micro-batch's gradient --
-the same numbers as one process (tests/test_distributed_train.py checks it).
+the same numbers as one process (tests/train/test_distributed_train.py checks it).
 """
 
 from __future__ import annotations
