@@ -79,3 +79,17 @@ def collate_episodes(episodes: Sequence[Episode], pad_token_id: int = 0) -> Batc
         group_ids=torch.tensor([e.group_id for e in episodes], dtype=torch.long),
         lengths=torch.tensor([len(e.token_ids) for e in episodes], dtype=torch.long),
     )
+
+
+def usable_episodes(episodes: list[Episode]) -> list[Episode]:
+    """Episodes that can enter the loss: with action tokens, in groups of at least two."""
+    with_actions = [e for e in episodes if e.num_action_tokens > 0]
+    sizes: dict[int, int] = {}
+    for e in with_actions:
+        sizes[e.group_id] = sizes.get(e.group_id, 0) + 1
+    return [e for e in with_actions if sizes[e.group_id] >= 2]
+
+
+def success_rate(episodes: list[Episode]) -> float:
+    """Share of episodes that solved their task (``info["success"]``, else reward >= 1)."""
+    return sum(bool(e.info.get("success", e.reward >= 1.0)) for e in episodes) / len(episodes)

@@ -21,12 +21,11 @@ import torch
 
 from entrogym.agents.agent import LLMAgent
 from entrogym.agents.engines import Engine, SamplingParams, make_engine
-from entrogym.agents.episode import Episode
 from entrogym.agents.rollout import check_env_errors, collect_rollouts
 from entrogym.algos import UpdateBatch, make_control, micro_batches, policy_update
 from entrogym.envs.base import make_text_env, task_ids_of
 from entrogym.train import distributed
-from entrogym.train.batch import Batch, collate_episodes
+from entrogym.train.batch import Batch, collate_episodes, success_rate, usable_episodes
 from entrogym.train.checkpoint import (
     CheckpointWarning,
     intact_checkpoints,
@@ -41,7 +40,7 @@ from entrogym.train.checkpoint import (
 from entrogym.train.config import TrainConfig
 from entrogym.train.evaluation import evaluate_policy
 from entrogym.train.logprobs import sequence_logprobs, sequence_logprobs_and_entropy
-from entrogym.train.metrics import MetricsLogger, progress
+from entrogym.train.metrics import MetricsLogger, progress, summary_line
 from entrogym.train.mismatch import sampler_entropy_gap, sampler_mismatch
 from entrogym.train.policy import LoraSettings, load_policy, save_adapter, trainable_parameters
 from entrogym.train.precision import apply_threads, loss_scaler_for, resolve_dtype
@@ -56,15 +55,6 @@ from entrogym.train.run_folder import (
 
 class TrainingStopped(RuntimeError):
     """Raised when the run cannot go on (too many non-finite steps)."""
-
-
-def usable_episodes(episodes: list[Episode]) -> list[Episode]:
-    """Episodes that can enter the loss: with action tokens, in groups of at least two."""
-    with_actions = [e for e in episodes if e.num_action_tokens > 0]
-    sizes: dict[int, int] = {}
-    for e in with_actions:
-        sizes[e.group_id] = sizes.get(e.group_id, 0) + 1
-    return [e for e in with_actions if sizes[e.group_id] >= 2]
 
 
 class Trainer:
@@ -246,7 +236,7 @@ class Trainer:
             row = self.iteration(it)
             self.publish_adapter(it + 1)  # the updated weights: next rollouts, eval, checkpoint
             self._log(row, it)
-            self._say(_summary_line(row))
+            self._say(summary_line(row))
             improved = False
             if (
                 cfg.eval_env
@@ -308,7 +298,8 @@ class Trainer:
         if not episodes:
             raise TrainingStopped(f"iteration {it}: no episode with action tokens came back")
         stats = {
-            "success_rate": _success_rate(episodes),
+            "success_rate": success_rate(episodes),
+            "response_tokens_mean": sum(e.num_action_tokens for e in episodes) / len(episodes),
             "episodes": len(episodes),
             "env_errors": rollouts.stats["env_errors"],
             "rollout_s": time.perf_counter() - t0,
@@ -357,26 +348,20 @@ class Trainer:
                 "no policy-gradient signal this iteration",
                 file=sys.stderr,
             )
-        action_tokens = batch.action_mask.sum(dim=1)
         return {
             "iteration": it,
             "algo": self.algo.name,
             **metrics,
             "cumulative_entropy": self.cumulative_entropy,
-            "success_rate": rollout_stats["success_rate"],
-            "response_tokens_mean": float(action_tokens.mean()),
-            "episodes": rollout_stats["episodes"],
-            "env_errors": rollout_stats["env_errors"],
+            **rollout_stats,
             "groups": n_groups,
             "sampler_mismatch": mismatch["mean_abs_diff"],
             "sampler_mismatch_max": mismatch["max_abs_diff"],
             "sampler_ratio_outside": mismatch["frac_ratio_outside"],
             "sampler_nonfinite": mismatch["sampler_nonfinite"],
             **entropy_check,
-            "rollout_s": rollout_stats["rollout_s"],
             "update_s": update_s,
             "grad_norm": sum(self._grad_norms) / max(len(self._grad_norms), 1),
-            "tokens_per_s": rollout_stats["tokens_per_s"],
             "learner_ranks": self.ranks.world,
         }
 
@@ -514,21 +499,6 @@ def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def _success_rate(episodes: list[Episode]) -> float:
-    return sum(bool(e.info.get("success", e.reward >= 1.0)) for e in episodes) / len(episodes)
-
-
-def _summary_line(row: dict[str, Any]) -> str:
-    zeta = "" if row.get("zeta") is None else f" zeta={row['zeta']:.2g}"
-    eps = "" if row.get("eps_high") is None else f" eps_high={row['eps_high']:.3g}"
-    return (
-        f"[{row['algo']}] iter {row['iteration']}: reward={row['reward_mean']:.3f} "
-        f"entropy={row['entropy']:.4f} clip_low={row.get('clip_frac_low', 0):.3f} "
-        f"clip_high={row.get('clip_frac_high', 0):.3f}{zeta}{eps} "
-        f"rollout={row['rollout_s']:.1f}s update={row['update_s']:.1f}s"
-    )
 
 
 def train(cfg: TrainConfig) -> Path:
