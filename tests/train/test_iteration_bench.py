@@ -1,4 +1,5 @@
-"""benchmarks/iteration.py: its bad-input messages and the FLOP count it reports."""
+"""benchmarks/iteration.py: its bad-input messages, the TrainConfig options it sets, the
+phases its worker times around the real Trainer, and the FLOP count it reports."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import bench_common  # noqa: E402
+import bench_entrogym  # noqa: E402
 import iteration  # noqa: E402
 
 from entrogym.train.policy import load_base_model  # noqa: E402
@@ -42,3 +44,40 @@ def test_flop_count_of_a_tiny_model():
 
 def test_matmul_ceiling_is_positive():
     assert bench_common.matmul_ceiling(torch.float32, n=128, reps=2) > 0
+
+
+def _workload(tmp_path, *extra: str) -> bench_common.Workload:
+    args = iteration.parse_args(
+        ["--model", "tiny-random-llama", "--tasks", "2", "--samples", "2", "--iterations", "1"]
+        + list(extra)
+    )
+    return iteration.build_workload(args)
+
+
+@pytest.mark.parametrize(
+    ("scoring", "layout", "action_only"), [("fast", "trimmed", True), ("exact", "padded", False)]
+)
+def test_options_reach_the_train_config(tmp_path, scoring, layout, action_only):
+    work = _workload(tmp_path, "--dtype", "bf16", "--threads", "1")
+    cfg = bench_entrogym.train_config(work, "hf", scoring, tmp_path)
+    assert (cfg.score_layout, cfg.action_only_head) == (layout, action_only)
+    assert (cfg.dtype, cfg.threads, cfg.engine) == ("bf16", 1, "hf")
+    assert (cfg.tasks_per_iter, cfg.samples, cfg.micro_batch_size) == (2, 2, 2)
+    algo = cfg.algorithm()
+    assert (algo.name, algo.epochs, algo.minibatch_size) == ("grpo", 1, 2)
+
+
+def test_worker_times_every_phase_of_a_real_iteration(tmp_path):
+    work = _workload(tmp_path, "--threads", "1")
+    out = bench_entrogym.run(work, "hf", "fast")
+    (it,) = out["iterations"]
+    phases = it["phases_s"]
+    for key in ("generation", "grading", "training_forward", "backward", "optimizer"):
+        assert key in phases and phases[key] >= 0, key
+    assert "adapter_handover" in phases and "old_logprobs" in phases  # 2nd minibatch: no grad
+    assert phases["training_forward"] > 0 and phases["backward"] > 0
+    assert abs(sum(phases.values()) - it["seconds"]) < 1e-2
+    assert it["generated_tokens"] > 0 and it["learner_gflops_per_s"] > 0
+    # the wrappers change no math: the trainer's own mismatch against the sampler stays tiny
+    assert it["sampler_mismatch"] < 1e-4
+    assert out["threads"] == 1 and out["startup_s"] > 0
