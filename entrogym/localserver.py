@@ -153,3 +153,14 @@ def _stop(proc: subprocess.Popen, term_wait: float) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one owned by another user counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -218,10 +218,8 @@ class RepoControl(ZetaControl):
             )
         return centred_logprobs(logprobs, entropies)
 
-
-@register_control("repo-r")
-class RepoR(RepoControl):
-    """REPO-R: multiplicative per-token reshaping of the advantages (appendix "REPO-R")."""
+    # The per-token formula (entrogym.algos.entropy.repo_r or repo_d): (A, logp, zeta) -> A'.
+    formula: ClassVar[Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]]
 
     def shape_advantages(
         self,
@@ -229,20 +227,22 @@ class RepoR(RepoControl):
         logprobs: torch.Tensor,
         entropies: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return repo_r(advantages, self.shaping_logprobs(logprobs, entropies), self.coefficient)
+        shaping = self.shaping_logprobs(logprobs, entropies)
+        return type(self).formula(advantages, shaping, self.coefficient)
+
+
+@register_control("repo-r")
+class RepoR(RepoControl):
+    """REPO-R: multiplicative per-token reshaping of the advantages (appendix "REPO-R")."""
+
+    formula = staticmethod(repo_r)
 
 
 @register_control("repo-d")
 class RepoD(RepoControl):
     """REPO-D: A - zeta * logp per token (Sec. 5)."""
 
-    def shape_advantages(
-        self,
-        advantages: torch.Tensor,
-        logprobs: torch.Tensor,
-        entropies: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        return repo_d(advantages, self.shaping_logprobs(logprobs, entropies), self.coefficient)
+    formula = staticmethod(repo_d)
 
 
 @register_control("entropy-bonus")

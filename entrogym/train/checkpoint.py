@@ -150,6 +150,8 @@ def _write_folder(
 
 
 def _swap_into_place(tmp: Path, final: Path) -> None:
+    # Like entrogym.atomic.swap_in_folder, but the parked folder is named ``NAME.old-PID`` so
+    # that checkpoint_verify.remove_stale_tmp can put it back after a kill mid-swap.
     if final.exists():  # saving the same iteration twice: the newer save wins
         old = final.with_name(f"{final.name}.old-{os.getpid()}")
         os.replace(final, old)

@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from entrogym.localserver import pid_alive
+
 CHECKPOINTS_DIR = "checkpoints"
 ADAPTER_DIR = "adapter"
 STATE_FILE = "trainer_state.pt"
@@ -171,21 +173,11 @@ def read_meta(path: str | os.PathLike[str], *, checksums: bool = True) -> dict[s
     return json.loads((path / META_FILE).read_text(encoding="utf-8"))
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_stale_tmp(ckpt_dir: Path) -> None:
     """Drop the folders of saves that were killed (their process is gone): never read."""
     for entry in ckpt_dir.iterdir():
         m = TMP_RE.match(entry.name)
-        if m and (int(m.group(1)) == os.getpid() or not _pid_alive(int(m.group(1)))):
+        if m and (int(m.group(1)) == os.getpid() or not pid_alive(int(m.group(1)))):
             final = ckpt_dir / entry.name.split(".")[0]
             if ".old-" in entry.name and entry.is_dir() and not final.exists():
                 os.replace(entry, final)  # killed mid-swap of a re-saved iteration: put it back

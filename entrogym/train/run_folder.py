@@ -35,6 +35,7 @@ from typing import Any
 import yaml
 
 from entrogym.atomic import atomic_write_text
+from entrogym.localserver import pid_alive
 
 MARKER_FILE = "entrogym-run.json"
 LOCK_FILE = ".lock"
@@ -100,7 +101,7 @@ def _holder_message(path: Path, pid_text: str) -> str:
     pid = int(pid_text) if pid_text.isdigit() else None
     if pid is None:
         who = "another process"
-    elif _pid_alive(pid):
+    elif pid_alive(pid):
         who = f"another entrogym process (pid {pid})"
     else:
         # Another program that forked while holding it (entrogym's children drop it).
@@ -109,16 +110,6 @@ def _holder_message(path: Path, pid_text: str) -> str:
         f"run folder {path} is in use by {who}: only one trainer may write a run folder. "
         "Wait for it to finish (or stop it), or pass another --out."
     )
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # Locks this process holds. A flock belongs to the open file, which forked children share:
