@@ -84,8 +84,8 @@ def test_second_trainer_fails_fast_before_loading_a_model(tmp_path):
 FORK_THEN_HOLD = (
     "import os, sys, time; from entrogym.train.run_folder import RunLock; "
     "lock = RunLock(sys.argv[1]); child = os.fork()\n"
-    "if child == 0: time.sleep(600); os._exit(0)\n"
-    "print(child, flush=True); time.sleep(600)"
+    "if child == 0: os.write(1, b'ready\\n'); time.sleep(600); os._exit(0)\n"
+    "os.write(1, f'{child}\\n'.encode()); time.sleep(600)"
 )
 
 
@@ -96,7 +96,9 @@ def test_forked_child_of_a_killed_trainer_does_not_keep_the_folder_locked(tmp_pa
         stdout=subprocess.PIPE,
         text=True,
     )
-    child = int(p.stdout.readline())
+    # the child prints once its after-fork hook has run (it may run after the parent's print)
+    lines = {p.stdout.readline().strip(), p.stdout.readline().strip()}
+    child = int((lines - {"ready"}).pop())
     try:
         with pytest.raises(RunFolderBusy, match=f"pid {p.pid}"):
             RunLock(tmp_path)
