@@ -18,8 +18,9 @@ class DemoOptions:
 
     Args:
         out: output folder (must be empty or new).
-        algos: runs to compare: a preset (the paper's values) or a labelled variant
-            ``preset:knob=value:...``, e.g. ``repo-r:zeta_init=0.05:zeta_max=0.5``.
+        algos: runs to compare, as words or comma-separated: a preset (the paper's values) or
+            a labelled variant ``preset:knob=value:...``, e.g.
+            ``repo-r:zeta_init=0.05:zeta_max=0.5``.
         iterations: RL iterations per run.
         lr: AdamW learning rate of the LoRA.
         eval_tasks: held-out tasks per evaluation.
@@ -40,6 +41,8 @@ class DemoOptions:
         from entrogym.algos.presets import ALGORITHMS
         from entrogym.demo import parse_run
 
+        # words or comma-separated: --algos grpo,repo-r:zeta_max=0.5
+        self.algos = [a.strip() for word in self.algos for a in word.split(",") if a.strip()]
         if not self.algos:
             raise ValueError(f"algos: empty list; choose from {', '.join(ALGORITHMS)}")
         for spec in self.algos:

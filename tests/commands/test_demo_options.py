@@ -40,6 +40,8 @@ def test_defaults_meet_the_issue_floor_and_seed_is_an_option() -> None:
     assert {parse_run(s)[2]["name"] for s in DEFAULT_RUNS} >= {"grpo", "repo-r"}
     with pytest.raises(ValueError, match="engine"):
         DemoOptions(engine="tpu")
+    assert DemoOptions(algos=["grpo,repo-r:zeta_max=0.5", "adapo"]).algos == [
+        "grpo", "repo-r:zeta_max=0.5", "adapo"]  # fmt: skip
 
 
 def test_goal_needs_both_halves() -> None:
