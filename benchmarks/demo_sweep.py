@@ -86,12 +86,36 @@ def run_cell(cell: dict[str, Any], out: Path) -> dict[str, Any]:
     }
 
 
+def table(log: Path) -> str:
+    """The sweep as a markdown table (docs/demo.md), one row per finished run."""
+    lines = ["| run | lr | iters | seed | entropy first -> last (min) | ratio | zeta first -> last "
+             "| reward first -> last | accuracy after iter 1 -> last | wall s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for line in log.open():
+        r = json.loads(line)
+        knobs = ", ".join(f"{k}={v:g}" for k, v in r["algo"].items() if k != "name")
+        label = r["algo"]["name"] + (f" ({knobs})" if knobs else "")
+        e, z, acc = r["entropy"], r["zeta"], list(r["accuracy"].values())
+        zeta = f"{z[0]:.3g} -> {z[-1]:.3g}" if z[0] is not None else "-"
+        accuracy = f"{acc[0]:.3f} -> {acc[-1]:.3f}" if acc else "not measured"
+        lines.append(
+            f"| {label} | {r['lr']:g} | {r['iters']} | {r['seed']} | {e[0]:.3f} -> {e[-1]:.3f} "
+            f"({min(e):.3f}) | {r['entropy_ratio']:.2f} | {zeta} | {r['reward'][0]:.2f} -> "
+            f"{r['reward'][-1]:.2f} | {accuracy} | {r['wall_s']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="sweep folder (sweep.jsonl, runs/)")
-    parser.add_argument("--cell", action="append", required=True, help="preset:key=value:...")
+    parser.add_argument("--cell", action="append", default=[], help="preset:key=value:...")
+    parser.add_argument("--table", action="store_true", help="print OUT/sweep.jsonl as markdown")
     args = parser.parse_args()
     out = Path(args.out)
+    if args.table:
+        print(table(out / "sweep.jsonl"))
+        return
     out.mkdir(parents=True, exist_ok=True)
     log = out / "sweep.jsonl"
     done = {json.loads(line)["name"] for line in log.open()} if log.exists() else set()

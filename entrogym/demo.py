@@ -9,12 +9,11 @@ per iteration, accuracy against cumulative entropy) and ``OUT/summary.json``, pr
 and says whether the goal held: REPO-R keeps >= 0.7 of its first iteration's entropy while GRPO
 ends at <= 0.5 of its own.
 
-The runs are GRPO and REPO-R as a labelled variant, ``repo-r (zeta_init=0.05, zeta_max=0.5)``:
-the paper's controller starts zeta at 1e-3 and doubles it at most once per iteration up to
-0.05, which is still ~0.016 after the five iterations in which GRPO collapses here, and a
-rescale of 1 +- 0.05 |log pi| is too weak a lever against this policy's log pi-advantage
-covariance (docs/demo.md has the sweep). The presets themselves keep the paper's values; pass
-``--algos grpo,repo-r`` for them.
+The runs are GRPO and REPO-R as a labelled variant, ``repo-r (zeta_init=0.5, zeta_max=1)``.
+The paper's controller starts zeta at 1e-3 and at most doubles it per iteration up to 0.05: it
+is still ~0.01 when GRPO-like collapse is done here, and the sweep in docs/demo.md found that a
+controller which starts low is drained by halvings before the collapse. The presets themselves
+keep the paper's values; ``--algos grpo,repo-r`` runs them.
 
 Against the paper's setting the budget changes only what a CPU forces: fewer tasks and
 rollouts per iteration, one epoch with two minibatches, a learning rate that moves a LoRA
@@ -41,7 +40,7 @@ SYSTEM_PROMPT = "You are a careful calculator. Answer with the final number in \
 # ends at <= FALL of its own.
 KEEP, FALL = 0.7, 0.5
 # The runs, iterations and learning rate of ``make demo`` (chosen by the sweep in docs/demo.md).
-DEFAULT_RUNS = ("grpo", "repo-r:zeta_init=0.05:zeta_max=0.5")
+DEFAULT_RUNS = ("grpo", "repo-r:zeta_init=0.5:zeta_max=1")
 DEFAULT_ITERATIONS = 15
 DEFAULT_LR = 1e-3
 # The rollout settings every part of the demo shares (the base model's eval and both runs).
@@ -246,12 +245,14 @@ def goal(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     if grpo is None:
         return result
     result["grpo_ratio"] = grpo["entropy_ratio"]
+    result["grpo_reward"] = grpo.get("reward", [None])[-1]
     result["grpo_fell"] = grpo["entropy_ratio"] <= FALL
     for label, run in runs.items():
         if run["algo"] == "repo-r":
             kept = run["entropy_ratio"] >= KEEP
             result["runs"][label] = {"ratio": run["entropy_ratio"], "kept": kept,
-                                     "holds": kept and result["grpo_fell"]}  # fmt: skip
+                                     "holds": kept and result["grpo_fell"],
+                                     "reward": run.get("reward", [None])[-1]}  # fmt: skip
     return result
 
 
@@ -265,7 +266,10 @@ def verdict(result: dict[str, Any]) -> list[str]:
              f"({'fell far enough' if result['grpo_fell'] else 'did NOT fall that far'})"]  # fmt: skip
     for label, r in result["runs"].items():
         word = "HELD" if r["holds"] else "did NOT hold"
-        lines.append(f"  {label}: ended at {r['ratio']:.2f} -> goal {word}")
+        cost = ""
+        if r["reward"] is not None and result["grpo_reward"] is not None:
+            cost = f" (last reward {r['reward']:.2f}, GRPO's {result['grpo_reward']:.2f})"
+        lines.append(f"  {label}: ended at {r['ratio']:.2f} -> goal {word}{cost}")
     return lines
 
 

@@ -159,4 +159,4 @@ def test_llm_demo_refuses_a_used_folder_and_reports_plainly(tmp_path: Path, caps
     text = report(summary)
     assert "did NOT hold" in text and "0.15" in text and "seed 1" in text
     summary["runs"]["repo-r"]["entropy_ratio"] = 0.9
-    assert "repo-r: ended at 0.90 -> goal HELD" in report(summary)
+    assert "repo-r: ended at 0.90 -> goal HELD (last reward 0.90" in report(summary)
