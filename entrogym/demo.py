@@ -270,6 +270,9 @@ def verdict(result: dict[str, Any]) -> list[str]:
         if r["reward"] is not None and result["grpo_reward"] is not None:
             cost = f" (last reward {r['reward']:.2f}, GRPO's {result['grpo_reward']:.2f})"
         lines.append(f"  {label}: ended at {r['ratio']:.2f} -> goal {word}{cost}")
+        if r["ratio"] > 1 / keep:  # above the target by as much as the goal allows below it
+            lines.append(f"  {label}: its entropy ROSE to {r['ratio']:.2f}x its start: the "
+                         "controller overshot; that is not preservation (docs/demo.md)")  # fmt: skip
     return lines
 
 

@@ -160,3 +160,6 @@ def test_llm_demo_refuses_a_used_folder_and_reports_plainly(tmp_path: Path, caps
     assert "did NOT hold" in text and "0.15" in text and "seed 1" in text
     summary["runs"]["repo-r"]["entropy_ratio"] = 0.9
     assert "repo-r: ended at 0.90 -> goal HELD (last reward 0.90" in report(summary)
+    assert "overshot" not in report(summary)
+    summary["runs"]["repo-r"]["entropy_ratio"] = 2.5  # meets ">= 0.7" by blowing up: said so
+    assert "ROSE to 2.50x" in report(summary)
