@@ -252,8 +252,15 @@ def goal(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
             kept = run["entropy_ratio"] >= KEEP
             result["runs"][label] = {"ratio": run["entropy_ratio"], "kept": kept,
                                      "holds": kept and result["grpo_fell"],
-                                     "reward": run.get("reward", [None])[-1]}  # fmt: skip
+                                     "reward": run.get("reward", [None])[-1],
+                                     "peak": _peak_ratio(run)}  # fmt: skip
     return result
+
+
+def _peak_ratio(run: dict[str, Any]) -> float:
+    """Highest entropy of the run over its first iteration's (the final ratio hides overshoots)."""
+    entropy = run.get("entropy") or [1.0]
+    return max(max(entropy) / entropy[0], run["entropy_ratio"])
 
 
 def verdict(result: dict[str, Any]) -> list[str]:
@@ -270,9 +277,9 @@ def verdict(result: dict[str, Any]) -> list[str]:
         if r["reward"] is not None and result["grpo_reward"] is not None:
             cost = f" (last reward {r['reward']:.2f}, GRPO's {result['grpo_reward']:.2f})"
         lines.append(f"  {label}: ended at {r['ratio']:.2f} -> goal {word}{cost}")
-        if r["ratio"] > 1 / keep:  # above the target by as much as the goal allows below it
-            lines.append(f"  {label}: its entropy ROSE to {r['ratio']:.2f}x its start: the "
-                         "controller overshot; that is not preservation (docs/demo.md)")  # fmt: skip
+        if r["peak"] > 1 / keep:  # above the target by as much as the goal allows below it
+            lines.append(f"  {label}: its entropy ROSE to {r['peak']:.2f}x its start during the "
+                         "run: the controller overshot; that is not preservation (docs/demo.md)")  # fmt: skip
     return lines
 
 

@@ -163,3 +163,5 @@ def test_llm_demo_refuses_a_used_folder_and_reports_plainly(tmp_path: Path, caps
     assert "overshot" not in report(summary)
     summary["runs"]["repo-r"]["entropy_ratio"] = 2.5  # meets ">= 0.7" by blowing up: said so
     assert "ROSE to 2.50x" in report(summary)
+    summary["runs"]["repo-r"].update(entropy=[2.0, 7.0, 2.0], entropy_ratio=1.0)  # and came back
+    assert "HELD" in report(summary) and "ROSE to 3.50x" in report(summary)
