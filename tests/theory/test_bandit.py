@@ -147,14 +147,21 @@ def test_llm_demo_refuses_a_used_folder_and_reports_plainly(tmp_path: Path, caps
     (tmp_path / "old.txt").write_text("keep me")
     assert demo_cli(["--out", str(tmp_path)]) == 2
     assert "not empty" in capsys.readouterr().err and (tmp_path / "old.txt").exists()
+    run = {"entropy": [2.0, 0.4], "entropy_ratio": 0.2, "reward": [0.3, 0.9], "zeta": [None],
+           "accuracy_first": 0.5, "accuracy_after": 0.8, "wall_s": 5.0}  # fmt: skip
     summary = {
         "accuracy_before": 0.3,
         "wall_s": 10.0,
-        "grpo": {"entropy": [2.0, 0.4], "entropy_ratio": 0.2, "reward": [0.3, 0.9],
-                 "accuracy_after": 0.8},
-        "repo-r": {"entropy": [2.0, 0.3], "entropy_ratio": 0.15, "reward": [0.3, 0.8],
-                   "accuracy_after": 0.7},
+        "settings": {"seed": 1},
+        "runs": {"grpo": {**run, "algo": "grpo"},
+                 "repo-r": {**run, "algo": "repo-r", "entropy_ratio": 0.15}},
     }  # fmt: skip
-    assert "did NOT keep more of its entropy" in report(summary, ["grpo", "repo-r"])
-    summary["repo-r"]["entropy_ratio"] = 0.9
-    assert "REPO-R kept more of its entropy than GRPO" in report(summary, ["grpo", "repo-r"])
+    text = report(summary)
+    assert "did NOT hold" in text and "0.15" in text and "seed 1" in text
+    summary["runs"]["repo-r"]["entropy_ratio"] = 0.9
+    assert "repo-r: ended at 0.90 -> goal HELD (last reward 0.90" in report(summary)
+    assert "overshot" not in report(summary)
+    summary["runs"]["repo-r"]["entropy_ratio"] = 2.5  # meets ">= 0.7" by blowing up: said so
+    assert "ROSE to 2.50x" in report(summary)
+    summary["runs"]["repo-r"].update(entropy=[2.0, 7.0, 2.0], entropy_ratio=1.0)  # and came back
+    assert "HELD" in report(summary) and "ROSE to 3.50x" in report(summary)

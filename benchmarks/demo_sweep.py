@@ -1,0 +1,138 @@
+"""The LLM demo's sweep (docs/demo.md): one training run per cell, one at a time.
+
+Each cell is the demo's TrainConfig (``entrogym.demo.demo_config``: SmolLM2-135M-Instruct,
+one-digit arithmetic, 6 tasks x 4 samples, 48 response tokens) with its own preset, knobs,
+learning rate, iteration count and seed. Every finished run appends one JSON line to
+``OUT/sweep.jsonl``: the settings, the per-iteration entropy, reward and zeta / eps_high, the
+held-out accuracy rows, and the wall time. Cells already in the file are skipped, so a sweep
+can be stopped and continued without rerunning anything.
+
+    nice -n 10 .venv/bin/python benchmarks/demo_sweep.py --out runs/demo-sweep \\
+        --cell grpo:lr=1e-3:iters=15:seed=0 \\
+        --cell repo-r:lr=1e-3:iters=15:seed=0:zeta_init=0.05:zeta_max=0.5
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+CELL_KEYS = ("lr", "iters", "seed", "engine", "eval_tasks")
+
+
+def parse_cell(text: str) -> dict[str, Any]:
+    """``preset:key=value:...`` -> settings; keys other than CELL_KEYS are preset knobs."""
+    name, *pairs = text.split(":")
+    cell: dict[str, Any] = {"algo": {"name": name}, "lr": 1e-3, "iters": 15, "seed": 0,
+                            "engine": "hf", "eval_tasks": 40}  # fmt: skip
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ValueError(f"--cell {text!r}: {pair!r} is not key=value")
+        if key in CELL_KEYS:
+            cell[key] = value if key == "engine" else float(value)
+        else:
+            cell["algo"][key] = float(value)
+    cell["iters"], cell["seed"] = int(cell["iters"]), int(cell["seed"])
+    cell["eval_tasks"] = int(cell["eval_tasks"])
+    return cell
+
+
+def cell_name(cell: dict[str, Any]) -> str:
+    knobs = "".join(f"_{k}{v:g}" for k, v in cell["algo"].items() if k != "name")
+    return (
+        f"{cell['algo']['name']}{knobs}_lr{cell['lr']:g}_it{cell['iters']}"
+        f"_s{cell['seed']}_{cell['engine']}"
+    )
+
+
+def run_cell(cell: dict[str, Any], out: Path) -> dict[str, Any]:
+    """Train one cell through the real trainer; its per-iteration record."""
+    from entrogym.demo import demo_config
+    from entrogym.train import train
+    from entrogym.train.metrics import read_metrics
+
+    name = cell_name(cell)
+    cfg = demo_config(cell["algo"], out / "runs", cell["iters"], cell["lr"], cell["eval_tasks"],
+                      seed=cell["seed"], engine=cell["engine"], name=name)  # fmt: skip
+    if cell["eval_tasks"] == 0:  # no held-out eval: the sweep's budget goes to iterations
+        cfg = dataclasses.replace(cfg, eval_env=None, eval_every=0, eval_tasks=None)
+    start = time.perf_counter()
+    run_dir = train(cfg)
+    wall = time.perf_counter() - start
+    rows = read_metrics(run_dir)
+    rows_t = [r for r in rows if r.get("kind", "train") == "train"]
+    evals = [r for r in rows if r.get("kind") == "eval"]
+    entropy = [r["entropy"] for r in rows_t]
+    return {
+        "name": name,
+        **cell,
+        "wall_s": wall,
+        "entropy": entropy,
+        "entropy_ratio": entropy[-1] / entropy[0],
+        "entropy_min_ratio": min(entropy) / entropy[0],
+        "reward": [r["reward_mean"] for r in rows_t],
+        "zeta": [r.get("zeta") for r in rows_t],
+        "eps_high": [r.get("eps_high") for r in rows_t],
+        "clip_frac_high": [r.get("clip_frac_high") for r in rows_t],
+        "rollout_s": [r.get("rollout_s") for r in rows_t],
+        "update_s": [r.get("update_s") for r in rows_t],
+        "tokens_per_s": [r.get("tokens_per_s") for r in rows_t],
+        "accuracy": {int(r["iteration"]): r["pass@1"] for r in evals},
+    }
+
+
+def table(log: Path) -> str:
+    """The sweep as a markdown table (docs/demo.md), one row per finished run."""
+    lines = ["| run | lr | iters | seed | entropy first -> last (min) | ratio | zeta first -> last "
+             "| reward first -> last | accuracy after iter 1 -> last | wall s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for line in log.open():
+        r = json.loads(line)
+        knobs = ", ".join(f"{k}={v:g}" for k, v in r["algo"].items() if k != "name")
+        label = r["algo"]["name"] + (f" ({knobs})" if knobs else "")
+        e, z, acc = r["entropy"], r["zeta"], list(r["accuracy"].values())
+        zeta = f"{z[0]:.3g} -> {z[-1]:.3g}" if z[0] is not None else "-"
+        accuracy = f"{acc[0]:.3f} -> {acc[-1]:.3f}" if acc else "not measured"
+        lines.append(
+            f"| {label} | {r['lr']:g} | {r['iters']} | {r['seed']} | {e[0]:.3f} -> {e[-1]:.3f} "
+            f"({min(e):.3f}) | {r['entropy_ratio']:.2f} | {zeta} | {r['reward'][0]:.2f} -> "
+            f"{r['reward'][-1]:.2f} | {accuracy} | {r['wall_s']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True, help="sweep folder (sweep.jsonl, runs/)")
+    parser.add_argument("--cell", action="append", default=[], help="preset:key=value:...")
+    parser.add_argument("--table", action="store_true", help="print OUT/sweep.jsonl as markdown")
+    args = parser.parse_args()
+    out = Path(args.out)
+    if args.table:
+        print(table(out / "sweep.jsonl"))
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "sweep.jsonl"
+    done = {json.loads(line)["name"] for line in log.open()} if log.exists() else set()
+    for cell in map(parse_cell, args.cell):
+        if cell_name(cell) in done:
+            print(f"skip {cell_name(cell)} (in {log})", flush=True)
+            continue
+        record = run_cell(cell, out)
+        with log.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        print(
+            f"{record['name']}: entropy {record['entropy'][0]:.3f} -> {record['entropy'][-1]:.3f}"
+            f" (ratio {record['entropy_ratio']:.2f}), reward {record['reward'][-1]:.2f},"
+            f" accuracy {record['accuracy']}, wall {record['wall_s']:.0f} s",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
