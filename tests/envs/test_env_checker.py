@@ -27,7 +27,7 @@ from entrogym.envs import (
 @pytest.mark.parametrize("env_id", BUILTIN_ENV_IDS)
 def test_builtin_envs_pass(env_id: str) -> None:
     if env_id == "entrogym/AppWorld-v0":
-        pytest.skip("needs .venv-appworld and a world; checked in tests/test_appworld.py")
+        pytest.skip("needs .venv-appworld and a world; checked in tests/envs/test_appworld.py")
     env = make_text_env(env_id)  # gymnasium.make: wrapped in Gymnasium's own wrappers
     try:
         assert isinstance(env.unwrapped, TextEnvProtocol)
