@@ -1,4 +1,4 @@
-"""torchrun worker for tests/test_fsdp.py (2 CPU processes, gloo).
+"""torchrun worker for tests/train/test_fsdp.py (2 CPU processes, gloo).
 
 Also imported by the test for the single-process reference, so both sides build the same
 LoRA policy and batch.
