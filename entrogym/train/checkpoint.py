@@ -318,4 +318,10 @@ def read_training_state(path: str | os.PathLike[str]) -> dict[str, Any]:
 
     For callers that restore the pieces at different moments (a torchrun learner loads the
     weights before FSDP2 shards the model and the optimizer state after)."""
-    return torch.load(Path(path) / STATE_FILE, map_location="cpu", weights_only=True)
+    try:
+        return torch.load(Path(path) / STATE_FILE, map_location="cpu", weights_only=True)
+    except Exception as exc:  # damaged bytes fail in many ways (IndexError, KeyError, ...)
+        # One type for "this file does not load", so a resume can fall back to an older one.
+        raise RuntimeError(
+            f"checkpoint {path}: {STATE_FILE} does not load ({type(exc).__name__}: {exc})"
+        ) from exc

@@ -147,7 +147,9 @@ def test_server_that_dies_mid_rollout_fails_over(servers, tmp_path):
     assert not any(e.info.get("error") for e in eps)
     assert dying.dead and dying.answered == 3 and healthy.answered == 13
     assert engine.failovers >= 1
-    assert [path for path, _ in healthy.loads] == ["/v1/load_lora_adapter"]  # loaded on failover
+    # loaded on failover (again if a slow answer under load made it count as failed once)
+    loads = [path for path, _ in healthy.loads]
+    assert loads and set(loads) == {"/v1/load_lora_adapter"}
     engine.close()
 
 
