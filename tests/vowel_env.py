@@ -29,3 +29,21 @@ if "test/Vowel-v0" not in gym.registry:
     gym.register("test/Vowel-v0", entry_point=VowelEnv)
 if "test/Const-v0" not in gym.registry:
     gym.register("test/Const-v0", entry_point="entrogym.envs.arithmetic:ArithmeticEnv")
+
+
+# The smallest real training run (tiny random Llama, hf engine, fp32) the trainer tests share;
+# a test overrides what it is about: ``TrainConfig(out=..., **{**TINY_RUN, "samples": 3})``.
+TINY_RUN = dict(
+    env="test/Vowel-v0",
+    algo="repo-r",
+    model="tiny-random-llama",
+    engine="hf",
+    engine_dtype="fp32",
+    tasks_per_iter=2,
+    samples=2,
+    early_stop_min_per_task=2,
+    early_stop_fraction=1.0,
+    max_response_tokens=4,
+    on_turn_budget="step",
+    max_context_tokens=256,
+)

@@ -162,7 +162,7 @@ class EpsHighController:
 
 
 def sampled_entropy(logprobs: torch.Tensor, mask: torch.Tensor) -> float:
-    """Mean over action tokens of -log pi(a_t|s_t) (paper-notes, "Entropy control").
+    """Mean over action tokens of -log pi(a_t|s_t) (paper Sec. 5 "Explicit Entropy Control Methods").
 
     An unbiased per-state estimate of the policy entropy that needs only the sampled tokens'
     log-probs (no logits): E_{a~pi}[-log pi(a|s)] = H(pi(.|s)). Used by the controllers.

@@ -1,4 +1,4 @@
-"""The named algorithms with the paper's defaults (paper-notes "Algorithms"; Sec. 2, 5, 6).
+"""The named algorithms with the paper's defaults (paper Sec. 2 "Preliminaries", Sec. 5, appendix "Training").
 
 A preset is data: which advantage estimator, how many epochs and minibatches, where to clip,
 and which registered entropy control (``entrogym.algos.controls``). The trainer and the bandit

@@ -7,7 +7,7 @@ import os
 
 import pytest
 import torch
-import vowel_env  # noqa: F401  (registers test/Vowel-v0)
+import vowel_env  # registers test/Vowel-v0; TINY_RUN
 
 from entrogym.train.checkpoint import (
     CheckpointWarning,
@@ -19,21 +19,7 @@ from entrogym.train.config import TrainConfig
 from entrogym.train.metrics import read_metrics
 from entrogym.train.trainer import train
 
-TINY = dict(
-    env="test/Vowel-v0",
-    algo="repo-r",
-    model="tiny-random-llama",
-    engine="hf",
-    engine_dtype="fp32",
-    tasks_per_iter=2,
-    samples=2,
-    early_stop_min_per_task=2,
-    early_stop_fraction=1.0,
-    max_response_tokens=4,
-    on_turn_budget="step",
-    max_context_tokens=256,
-    checkpoint_every=1,
-)
+TINY = {**vowel_env.TINY_RUN, "checkpoint_every": 1}
 
 
 def _linear_run(run, iterations=(1, 2)) -> None:

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-import vowel_env  # noqa: F401  (registers test/Vowel-v0)
+import vowel_env  # registers test/Vowel-v0; TINY_RUN
 
 from entrogym.train.checkpoint import latest_checkpoint
 from entrogym.train.config import TrainConfig
@@ -21,24 +21,15 @@ from entrogym.train.trainer import train
 
 REPO = Path(__file__).resolve().parents[2]
 ITERATIONS = 4
-TINY = dict(
-    env="test/Vowel-v0",
-    algo="repo-r",
-    model="tiny-random-llama",
-    engine="hf",
-    engine_dtype="fp32",
-    tasks_per_iter=2,
-    samples=3,
-    early_stop_min_per_task=3,
-    early_stop_fraction=1.0,
-    max_response_tokens=4,
-    on_turn_budget="step",
-    micro_batch_size=4,
-    max_context_tokens=256,
-    lr=1e-2,
-    max_grad_norm=1.0,
-    checkpoint_every=1,
-)
+TINY = {
+    **vowel_env.TINY_RUN,
+    "samples": 3,
+    "early_stop_min_per_task": 3,
+    "micro_batch_size": 4,
+    "lr": 1e-2,
+    "max_grad_norm": 1.0,
+    "checkpoint_every": 1,
+}
 # The CLI, with an optional SIGKILL of itself right after the KILL_IN_SAVE-th checkpoint's
 # files are written and fsynced, before the folder is renamed into place.
 LAUNCH = """

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-import vowel_env  # noqa: F401  (registers test/Vowel-v0)
+import vowel_env  # registers test/Vowel-v0; TINY_RUN
 import yaml
 
 from entrogym.train import run_folder
@@ -24,17 +24,7 @@ from entrogym.train.run_folder import (
 )
 from entrogym.train.trainer import train
 
-SMALL = dict(
-    env="test/Vowel-v0",
-    algo="repo-r",
-    model="tiny-random-llama",
-    engine="hf",
-    engine_dtype="fp32",
-    tasks_per_iter=2,
-    samples=2,
-    early_stop_min_per_task=2,
-    max_response_tokens=4,
-)
+SMALL = vowel_env.TINY_RUN
 
 
 def _snapshot(folder) -> dict[str, bytes]:
