@@ -15,20 +15,21 @@ can be stopped and continued without rerunning anything.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import time
 from pathlib import Path
 from typing import Any
 
-CELL_KEYS = ("lr", "iters", "seed", "engine", "eval_tasks")
+CELL_KEYS = ("lr", "iters", "seed", "engine", "eval_tasks", "threads")
 
 
 def parse_cell(text: str) -> dict[str, Any]:
     """``preset:key=value:...`` -> settings; keys other than CELL_KEYS are preset knobs."""
+    from entrogym.demo.config import knob_value
+
     name, *pairs = text.split(":")
     cell: dict[str, Any] = {"algo": {"name": name}, "lr": 1e-3, "iters": 15, "seed": 0,
-                            "engine": "hf", "eval_tasks": 40}  # fmt: skip
+                            "engine": "hf", "eval_tasks": 40, "threads": None}  # fmt: skip
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep:
@@ -36,14 +37,19 @@ def parse_cell(text: str) -> dict[str, Any]:
         if key in CELL_KEYS:
             cell[key] = value if key == "engine" else float(value)
         else:
-            cell["algo"][key] = float(value)
+            cell["algo"][key] = knob_value(value)
     cell["iters"], cell["seed"] = int(cell["iters"]), int(cell["seed"])
     cell["eval_tasks"] = int(cell["eval_tasks"])
+    cell["threads"] = None if cell["threads"] is None else int(cell["threads"])
     return cell
 
 
+def _shown(value: float | str) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def cell_name(cell: dict[str, Any]) -> str:
-    knobs = "".join(f"_{k}{v:g}" for k, v in cell["algo"].items() if k != "name")
+    knobs = "".join(f"_{k}{_shown(v)}" for k, v in cell["algo"].items() if k != "name")
     return (
         f"{cell['algo']['name']}{knobs}_lr{cell['lr']:g}_it{cell['iters']}"
         f"_s{cell['seed']}_{cell['engine']}"
@@ -57,10 +63,10 @@ def run_cell(cell: dict[str, Any], out: Path) -> dict[str, Any]:
     from entrogym.train.metrics import read_metrics
 
     name = cell_name(cell)
+    # eval_tasks=0: no held-out eval, the sweep's budget goes to iterations
     cfg = demo_config(cell["algo"], out / "runs", cell["iters"], cell["lr"], cell["eval_tasks"],
-                      seed=cell["seed"], engine=cell["engine"], name=name)  # fmt: skip
-    if cell["eval_tasks"] == 0:  # no held-out eval: the sweep's budget goes to iterations
-        cfg = dataclasses.replace(cfg, eval_env=None, eval_every=0, eval_tasks=None)
+                      seed=cell["seed"], engine=cell["engine"], name=name,
+                      threads=cell["threads"])  # fmt: skip
     start = time.perf_counter()
     run_dir = train(cfg)
     wall = time.perf_counter() - start
@@ -93,7 +99,7 @@ def table(log: Path) -> str:
              "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for line in log.open():
         r = json.loads(line)
-        knobs = ", ".join(f"{k}={v:g}" for k, v in r["algo"].items() if k != "name")
+        knobs = ", ".join(f"{k}={_shown(v)}" for k, v in r["algo"].items() if k != "name")
         label = r["algo"]["name"] + (f" ({knobs})" if knobs else "")
         e, z, acc = r["entropy"], r["zeta"], list(r["accuracy"].values())
         zeta = f"{z[0]:.3g} -> {z[-1]:.3g}" if z[0] is not None else "-"

@@ -175,11 +175,13 @@ register_control("none")(EntropyControl)
 class ZetaControl(EntropyControl):
     """A control with one coefficient steered by the bidirectional ``ZetaController``."""
 
-    knobs = ("zeta_init", "zeta_min", "zeta_max")
+    knobs = ("zeta_init", "zeta_min", "zeta_max", "zeta_factor")
 
     def __init__(self, config: AlgorithmConfig) -> None:
         super().__init__(config)
-        self.zeta = ZetaController(config.zeta_min, config.zeta_max, config.zeta_init)
+        self.zeta = ZetaController(
+            config.zeta_min, config.zeta_max, config.zeta_init, config.zeta_factor
+        )
 
     @property
     def coefficient(self) -> float:

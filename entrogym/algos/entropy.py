@@ -83,39 +83,50 @@ class ZetaController:
     target -> push (double a positive zeta up to zeta_max; halve a negative one, flipping to
     +zeta_min once its magnitude falls below zeta_min). Equal -> unchanged.
     Paper ranges: REPO-R [1e-4, 0.05], REPO-D [1e-3, 10]; start 1e-3.
+
+    ``factor`` is the step: the listing's 2 (double / halve) by default; a factor f > 1
+    multiplies and divides by f instead, and f = 1 keeps zeta where it started (a project
+    extension for noisy, fast-collapsing runs; docs/demo.md).
     """
 
     zeta_min: float
     zeta_max: float
     zeta: float = 1e-3
+    factor: float = 2.0
 
     def __post_init__(self) -> None:
         if not 0 < self.zeta_min <= self.zeta_max:
             raise ValueError(
                 f"need 0 < zeta_min <= zeta_max, got zeta_min={self.zeta_min}, zeta_max={self.zeta_max}"
             )
+        if not self.factor >= 1.0:
+            raise ValueError(
+                f"zeta_factor must be >= 1 (2 = the paper's doubling, 1 = fixed), got {self.factor}"
+            )
 
     def update(self, entropy: float, target: float) -> float:
         zeta = self.zeta
+        f = self.factor
         if entropy > target:
             if zeta >= 0:
-                zeta /= 2.0
+                zeta /= f
                 if zeta < self.zeta_min:
                     zeta = -self.zeta_min
             else:
-                zeta = max(-self.zeta_max, zeta * 2)
+                zeta = max(-self.zeta_max, zeta * f)
         elif entropy < target:
             if zeta >= 0:
-                zeta = min(self.zeta_max, zeta * 2)
+                zeta = min(self.zeta_max, zeta * f)
             else:
-                zeta /= 2
+                zeta /= f
                 if zeta > -self.zeta_min:
                     zeta = self.zeta_min
         self.zeta = zeta
         return zeta
 
     def state_dict(self) -> dict[str, float]:
-        return asdict(self)
+        # the factor is configuration (the run's algo settings), not state
+        return {"zeta_min": self.zeta_min, "zeta_max": self.zeta_max, "zeta": self.zeta}
 
     def load_state_dict(self, state: dict[str, float]) -> None:
         self.zeta_min, self.zeta_max, self.zeta = (

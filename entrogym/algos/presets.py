@@ -48,6 +48,10 @@ class AlgorithmConfig:
             ``"adapo"``, ``"entropy-bonus"`` or one added with ``register_control``.
         zeta_init, zeta_min, zeta_max: the ZetaController for REPO's zeta / the bonus's beta
             (knobs of ``repo-r``, ``repo-d`` and ``entropy-bonus``).
+        zeta_factor: the controller's multiplicative step per iteration. The paper's listing
+            doubles and halves (2.0, the default); a smaller factor (> 1) moves zeta more
+            gently, and 1.0 holds it at ``zeta_init`` (a fixed coefficient). A project knob,
+            not a paper setting (docs/demo.md).
         eps_high_min, eps_high_max, eps_high_up, eps_high_down: ADAPO's EpsHighController
             (knobs of ``adapo``).
         repo_centering: REPO's shaping log-prob: ``"raw"`` log pi (the paper's
@@ -68,6 +72,7 @@ class AlgorithmConfig:
     zeta_init: float = 1e-3
     zeta_min: float = 1e-4
     zeta_max: float = 0.05
+    zeta_factor: float = 2.0
     eps_high_min: float = 0.2
     eps_high_max: float = 0.32
     eps_high_up: float = 1.05

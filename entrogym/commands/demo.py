@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from entrogym.commands.options import make_parser, parse_options, run_command
-from entrogym.demo import DEFAULT_ITERATIONS, DEFAULT_LR, DEFAULT_RUNS
+from entrogym.demo.config import DEFAULT_ITERATIONS, DEFAULT_LR, DEFAULT_RUNS, DEFAULT_SEEDS
 
 PROG = "entrogym demo"
 
@@ -23,9 +24,12 @@ class DemoOptions:
             ``repo-r:zeta_init=0.05:zeta_max=0.5``.
         iterations: RL iterations per run.
         lr: AdamW learning rate of the LoRA.
-        eval_tasks: held-out tasks per evaluation.
-        seed: seeds task sampling, rollouts and minibatch order (the same for every run).
+        eval_tasks: held-out tasks per evaluation (0: no held-out evaluation).
+        seeds: one run per listed seed and run; a seed drives task sampling, rollouts and
+            minibatch order. The goal must hold on every seed.
         engine: rollout engine (None: the demo's default, entrogym.demo.AGENT.engine).
+        workers: worker processes running the jobs side by side, each with cores // workers
+            torch threads (None: as many as this machine has cores).
     """
 
     out: str = "runs/demo"
@@ -33,13 +37,14 @@ class DemoOptions:
     iterations: int = DEFAULT_ITERATIONS
     lr: float = DEFAULT_LR
     eval_tasks: int = 40
-    seed: int = 0
+    seeds: list[int] = field(default_factory=lambda: list(DEFAULT_SEEDS))
     engine: str | None = None
+    workers: int | None = None
 
     def __post_init__(self) -> None:
         from entrogym.agents.engines import ENGINE_KINDS
         from entrogym.algos.presets import ALGORITHMS
-        from entrogym.demo import parse_run
+        from entrogym.demo.config import parse_run
 
         # words or comma-separated: --algos grpo,repo-r:zeta_max=0.5
         self.algos = [a.strip() for word in self.algos for a in word.split(",") if a.strip()]
@@ -50,9 +55,16 @@ class DemoOptions:
                 parse_run(spec)
             except ValueError as err:
                 raise ValueError(f"algos: {spec!r}: {err}") from None
-        for name in ("iterations", "eval_tasks"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.iterations < 1:
+            raise ValueError(f"iterations must be >= 1, got {self.iterations}")
+        if self.eval_tasks < 0:
+            raise ValueError(f"eval_tasks must be >= 0 (0: no evaluation), got {self.eval_tasks}")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds: give one or more distinct seeds, got {self.seeds}")
+        cores = os.cpu_count() or 1
+        if self.workers is not None and not 1 <= self.workers <= cores:
+            raise ValueError(f"workers must be from 1 to {cores} (this machine's cores), "
+                             f"got {self.workers}")  # fmt: skip
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.engine is not None and self.engine not in ENGINE_KINDS:
@@ -67,11 +79,11 @@ def build_parser() -> Any:
 
 def cli(argv: list[str]) -> int:
     def body() -> int:
-        from entrogym.demo import run_demo
+        from entrogym.demo.run import run_demo
 
         opts = parse_options(build_parser(), argv, DemoOptions)
         run_demo(Path(opts.out), opts.algos, opts.iterations, opts.lr, opts.eval_tasks,
-                 seed=opts.seed, engine=opts.engine)  # fmt: skip
+                 seeds=opts.seeds, engine=opts.engine, workers=opts.workers)  # fmt: skip
         return 0
 
     return run_command(PROG, body, interrupted="interrupted; rerun with a new --out")

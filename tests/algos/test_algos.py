@@ -312,6 +312,19 @@ def test_controllers_reject_bad_ranges():
         EpsHighController(eps_high=0.5)
 
 
+def test_zeta_factor_steps_gently_and_one_holds_zeta_fixed():
+    gentle = ZetaController(zeta_min=1e-4, zeta_max=0.2, zeta=0.05, factor=1.25)
+    assert [round(gentle.update(2.0, 1.0), 6) for _ in range(2)] == [0.04, 0.032]
+    assert [round(gentle.update(0.5, 1.0), 6) for _ in range(2)] == [0.04, 0.05]
+    fixed = ZetaController(zeta_min=1e-4, zeta_max=0.2, zeta=0.05, factor=1.0)
+    assert {fixed.update(h, 1.0) for h in (2.0, 0.5, 3.0, 0.1)} == {0.05}
+    with pytest.raises(ValueError, match="zeta_factor"):
+        ZetaController(zeta_min=1e-4, zeta_max=0.2, factor=0.5)
+    # the factor is configuration: a checkpoint's state neither holds nor changes it
+    gentle.load_state_dict({"zeta_min": 1e-4, "zeta_max": 0.2, "zeta": 0.1})
+    assert (gentle.zeta, gentle.factor) == (0.1, 1.25) and "factor" not in gentle.state_dict()
+
+
 def test_controller_state_round_trips():
     c = ZetaController(1e-4, 0.05)
     c.update(0.1, 1.0)

@@ -9,7 +9,7 @@ import pytest
 from benchmarks.demo_sweep import cell_name, parse_cell
 from entrogym.commands.demo import DemoOptions
 from entrogym.commands.demo import cli as demo_cli
-from entrogym.demo import DEFAULT_ITERATIONS, DEFAULT_RUNS, demo_config, goal, parse_run
+from entrogym.demo import DEFAULT_ITERATIONS, DEFAULT_RUNS, demo_config, parse_run
 
 
 def test_a_variant_is_labelled_and_keeps_the_presets_other_values(tmp_path: Path) -> None:
@@ -26,7 +26,13 @@ def test_a_variant_is_labelled_and_keeps_the_presets_other_values(tmp_path: Path
 
 @pytest.mark.parametrize(
     ("spec", "needle"),
-    [("grpo:zeta_max=0.5", "zeta_max"), ("repo-r:zeta_max", "knob=NUMBER"), ("ppo", "ppo")],
+    [
+        ("grpo:zeta_max=0.5", "zeta_max"),
+        ("repo-r:zeta_max", "knob=VALUE"),
+        ("ppo", "ppo"),
+        ("repo-r:repo_centering=fancy", "raw, exact"),
+        ("grpo:repo_centering=exact", "repo-r, repo-d"),
+    ],
 )
 def test_bad_runs_are_refused_naming_the_problem(spec: str, needle: str, capsys) -> None:
     assert demo_cli(["--algos", spec]) == 2
@@ -35,24 +41,17 @@ def test_bad_runs_are_refused_naming_the_problem(spec: str, needle: str, capsys)
 
 
 def test_defaults_meet_the_issue_floor_and_seed_is_an_option() -> None:
-    opts = DemoOptions(seed=7)
-    assert opts.seed == 7 and opts.iterations == DEFAULT_ITERATIONS >= 15
+    opts = DemoOptions(seeds=[7, 8])
+    assert opts.seeds == [7, 8] and opts.iterations == DEFAULT_ITERATIONS >= 15
+    with pytest.raises(ValueError, match="distinct"):
+        DemoOptions(seeds=[1, 1])
+    with pytest.raises(ValueError, match="workers"):
+        DemoOptions(workers=999)
     assert {parse_run(s)[2]["name"] for s in DEFAULT_RUNS} >= {"grpo", "repo-r"}
     with pytest.raises(ValueError, match="engine"):
         DemoOptions(engine="tpu")
     assert DemoOptions(algos=["grpo,repo-r:zeta_max=0.5", "adapo"]).algos == [
         "grpo", "repo-r:zeta_max=0.5", "adapo"]  # fmt: skip
-
-
-def test_goal_needs_both_halves() -> None:
-    def run(algo: str, ratio: float) -> dict:
-        return {"algo": algo, "entropy_ratio": ratio}
-
-    held = goal({"grpo": run("grpo", 0.4), "repo-r (zeta_max=0.5)": run("repo-r", 0.8)})
-    assert held["runs"]["repo-r (zeta_max=0.5)"]["holds"]
-    # GRPO did not fall far enough: REPO-R keeping its entropy is not the demonstration
-    assert not goal({"grpo": run("grpo", 0.6), "r": run("repo-r", 0.9)})["runs"]["r"]["holds"]
-    assert not goal({"grpo": run("grpo", 0.3), "r": run("repo-r", 0.69)})["runs"]["r"]["holds"]
 
 
 def test_sweep_cells_parse_and_name_uniquely() -> None:

@@ -13,8 +13,6 @@ from gymnasium.utils.env_checker import check_env
 import entrogym  # noqa: F401
 from entrogym.algos.presets import ALGORITHMS
 from entrogym.commands.bandit import cli
-from entrogym.commands.demo import cli as demo_cli
-from entrogym.demo import report
 from entrogym.envs.bandit import BanditEnv, make_reward_means
 from entrogym.theory.lab import LabConfig, run_lab, run_one
 from entrogym.theory.tabular import TabularSoftmaxPolicy, initial_logits
@@ -140,28 +138,3 @@ def test_bandit_cli_writes_into_out(tmp_path: Path, capsys) -> None:
     assert cli(["--algos", "rloo,dapo", *TINY, "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "rloo" in out and "dapo" in out and (tmp_path / "summary.json").exists()
-
-
-def test_llm_demo_refuses_a_used_folder_and_reports_plainly(tmp_path: Path, capsys) -> None:
-    """The SmolLM2 demo itself runs in ``make demo`` (minutes); here its guard and its verdict."""
-    (tmp_path / "old.txt").write_text("keep me")
-    assert demo_cli(["--out", str(tmp_path)]) == 2
-    assert "not empty" in capsys.readouterr().err and (tmp_path / "old.txt").exists()
-    run = {"entropy": [2.0, 0.4], "entropy_ratio": 0.2, "reward": [0.3, 0.9], "zeta": [None],
-           "accuracy_first": 0.5, "accuracy_after": 0.8, "wall_s": 5.0}  # fmt: skip
-    summary = {
-        "accuracy_before": 0.3,
-        "wall_s": 10.0,
-        "settings": {"seed": 1},
-        "runs": {"grpo": {**run, "algo": "grpo"},
-                 "repo-r": {**run, "algo": "repo-r", "entropy_ratio": 0.15}},
-    }  # fmt: skip
-    text = report(summary)
-    assert "did NOT hold" in text and "0.15" in text and "seed 1" in text
-    summary["runs"]["repo-r"]["entropy_ratio"] = 0.9
-    assert "repo-r: ended at 0.90 -> goal HELD (last reward 0.90" in report(summary)
-    assert "overshot" not in report(summary)
-    summary["runs"]["repo-r"]["entropy_ratio"] = 2.5  # meets ">= 0.7" by blowing up: said so
-    assert "ROSE to 2.50x" in report(summary)
-    summary["runs"]["repo-r"].update(entropy=[2.0, 7.0, 2.0], entropy_ratio=1.0)  # and came back
-    assert "HELD" in report(summary) and "ROSE to 3.50x" in report(summary)

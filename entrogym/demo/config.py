@@ -1,0 +1,122 @@
+"""The demo's fixed settings and one run's ``TrainConfig`` (``demo_config``).
+
+Against the paper's setting the budget changes only what a CPU forces: fewer tasks and
+rollouts per iteration, one epoch with two minibatches, a learning rate that moves a LoRA
+policy within a few iterations, and one-digit arithmetic so that a 135M model earns some
+reward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+from entrogym.agents.config import AgentConfig
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from entrogym.train.config import TrainConfig
+
+ENV = "entrogym/Arithmetic-v0"
+ENV_KWARGS = {"max_digits": 1, "num_train": 100, "num_test": 40}
+SYSTEM_PROMPT = "You are a careful calculator. Answer with the final number in \\boxed{}."
+# The goal (docs/demo.md): REPO-R keeps >= KEEP of its first iteration's entropy while GRPO
+# ends at <= FALL of its own, on every seed.
+KEEP, FALL = 0.7, 0.5
+# The runs, iterations, learning rate and seeds of ``make demo`` (the sweep in docs/demo.md).
+DEFAULT_RUNS = ("grpo", "repo-r:zeta_init=0.5:zeta_max=1")
+DEFAULT_ITERATIONS = 15
+DEFAULT_LR = 1e-3
+DEFAULT_SEEDS = (0,)
+# Tasks x samples per iteration; half of them per minibatch (two optimizer steps).
+TASKS, SAMPLES = 6, 4
+# The rollout settings every part of the demo shares (the base model's eval and all runs).
+AGENT = AgentConfig(
+    model="smollm2-135m-instruct",
+    engine="hf",
+    engine_dtype="fp32",
+    max_response_tokens=48,
+    max_context_tokens=256,
+    on_turn_budget="step",
+    system_prompt=SYSTEM_PROMPT,
+)
+
+
+def demo_config(
+    algo: str | dict[str, Any],
+    out: Path,
+    iterations: int,
+    lr: float,
+    eval_tasks: int,
+    *,
+    seed: int = 0,
+    engine: str | None = None,
+    name: str | None = None,
+    threads: int | None = None,
+) -> TrainConfig:
+    """The demo's TrainConfig for one preset: ``algo`` is a preset name or ``{"name": preset,
+    knob: value, ...}`` (a labelled variant); the run folder is ``out / (name or preset)``.
+    ``eval_tasks=0`` turns the held-out evaluation off."""
+    from entrogym.train.config import TrainConfig
+
+    spec = {"name": algo} if isinstance(algo, str) else dict(algo)
+    agent = asdict(AGENT) | ({"engine": engine} if engine else {})
+    evaluation: dict[str, Any] = {"eval_env": None, "eval_every": 0, "eval_tasks": None}
+    if eval_tasks:  # held-out accuracy after the first and the last update (the plots' panels)
+        evaluation = {"eval_env": ENV, "eval_env_kwargs": ENV_KWARGS, "eval_split": "test",
+                      "eval_every": iterations, "eval_tasks": eval_tasks}  # fmt: skip
+    return TrainConfig(
+        **agent,
+        env=ENV,
+        env_kwargs=ENV_KWARGS,
+        split="train",
+        # one pass, two optimizer steps per iteration: the second minibatch is off-policy,
+        # so the presets' clipping and REPO's shaping both act
+        algo={"epochs": 1, "minibatch_size": TASKS * SAMPLES // 2, **spec},
+        dtype="fp32",
+        iterations=iterations,
+        tasks_per_iter=TASKS,
+        samples=SAMPLES,
+        early_stop_min_per_task=SAMPLES,
+        early_stop_fraction=1.0,
+        lr=lr,
+        micro_batch_size=6,
+        checkpoint_every=iterations,
+        **evaluation,
+        seed=seed,
+        threads=threads,
+        out=str(out / (name or spec["name"])),
+    )
+
+
+def knob_value(text: str) -> float | str:
+    """A knob's value as written after ``=``: a number, else a word (``repo_centering=exact``)."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def parse_run(spec: str) -> tuple[str, str, dict[str, Any]]:
+    """``preset`` or ``preset:knob=value:...`` -> (label, folder name, algo dict).
+
+    The presets keep the paper's values; a knob makes a labelled variant, e.g.
+    ``repo-r:zeta_init=0.05:zeta_max=0.5`` -> ``repo-r (zeta_init=0.05, zeta_max=0.5)``.
+    Unknown presets and knobs, and values a knob does not take, raise ValueError naming them."""
+    from entrogym.algos.presets import get_algorithm
+
+    name, *pairs = spec.split(":")
+    knobs: dict[str, float | str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not value:
+            raise ValueError(f"algos: {spec!r}: write each knob as knob=VALUE, got {pair!r}")
+        knobs[key] = knob_value(value)
+    get_algorithm(name, **knobs)  # ValueError naming an unknown preset, knob or bad value
+    if not knobs:
+        return name, name, {"name": name}
+    shown = {k: f"{v:g}" if isinstance(v, float) else v for k, v in knobs.items()}
+    label = f"{name} ({', '.join(f'{k}={v}' for k, v in shown.items())})"
+    folder = name + "".join(f"-{k}{v}" for k, v in shown.items())
+    return label, folder, {"name": name, **knobs}

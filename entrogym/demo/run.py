@@ -1,0 +1,175 @@
+"""Running the demo: every (run, seed) and the base model's evaluation as jobs on a process pool.
+
+Each job is its own process with its own ``hf`` engine and ``cores // workers`` torch threads:
+on this project's 2-core machine two 1-thread runs side by side beat one 2-thread run after
+another (torch's threads wait on each other at every barrier; docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import asdict, dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+from entrogym.agents.config import AgentConfig
+from entrogym.atomic import atomic_write_text
+from entrogym.demo.config import AGENT, ENV, ENV_KWARGS, demo_config, parse_run
+from entrogym.demo.report import goal, plot_demo, report
+
+
+@dataclass(frozen=True)
+class Job:
+    """One process's work: train ``config`` (label, seed), or evaluate the base model."""
+
+    label: str
+    seed: int
+    threads: int
+    config: Any = None  # TrainConfig; None: the base model's held-out evaluation
+    eval_tasks: int = 0
+    engine: str = AGENT.engine
+
+
+def run_job(job: Job) -> dict[str, Any]:
+    """Body of one pool process (also callable in-process)."""
+    from entrogym.train.precision import apply_threads
+
+    apply_threads(job.threads)
+    if job.config is None:
+        return {"accuracy_before": evaluate_base(job.engine, job.eval_tasks, job.seed)}
+    return {"label": job.label, "seed": job.seed, **train_one(job.config)}
+
+
+def evaluate_base(engine_kind: str, tasks: int, seed: int) -> float:
+    """Held-out accuracy of the base model, as the trainer's eval rows measure it."""
+    from entrogym.agents.agent import LLMAgent
+    from entrogym.agents.engines import make_engine
+    from entrogym.train.evaluation import evaluate_policy
+
+    cfg = AgentConfig(**(asdict(AGENT) | {"engine": engine_kind}))
+    engine = make_engine(cfg.engine, cfg.model, **cfg.engine_kwargs(seed=seed))
+    try:
+        agent = LLMAgent.from_model(cfg.model, **cfg.agent_kwargs())
+        result = evaluate_policy(engine, agent, ENV, split="test", max_tasks=tasks,
+                                 temperature=1.0, seed=seed, env_kwargs=ENV_KWARGS)  # fmt: skip
+    finally:
+        engine.close()
+    return float(result.summary["pass@1"])
+
+
+def train_one(config: Any) -> dict[str, Any]:
+    """Train one run through the real trainer; its entropy, reward, accuracy and wall time."""
+    from entrogym.train.metrics import read_metrics
+    from entrogym.train.trainer import train
+
+    start = time.perf_counter()
+    run_dir = train(config)
+    rows = read_metrics(run_dir)
+    rows_t = [r for r in rows if r.get("kind", "train") == "train"]
+    evals = [r for r in rows if r.get("kind") == "eval"]
+    return {
+        "algo": config.algorithm().name,
+        "folder": str(run_dir),
+        "entropy": [r["entropy"] for r in rows_t],
+        "entropy_ratio": rows_t[-1]["entropy"] / rows_t[0]["entropy"],
+        "reward": [r["reward_mean"] for r in rows_t],
+        "zeta": [r.get("zeta") for r in rows_t],
+        "accuracy_first": evals[0]["pass@1"] if evals else None,
+        "accuracy_after": evals[-1]["pass@1"] if evals else None,
+        "wall_s": time.perf_counter() - start,
+    }
+
+
+def plan_jobs(out: Path, runs: list[str], seeds: list[int], iterations: int, lr: float,
+              eval_tasks: int, *, workers: int, engine: str | None = None) -> list[Job]:  # fmt: skip
+    """The base model's evaluation first (shortest), then every run for every seed."""
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    kind = engine or AGENT.engine
+    jobs = [Job("base model", seeds[0], threads, eval_tasks=eval_tasks, engine=kind)]
+    jobs = jobs if eval_tasks else []  # eval_tasks=0: no held-out evaluation at all
+    for seed in seeds:
+        for label, folder, algo in map(parse_run, runs):
+            config = demo_config(algo, out / f"seed{seed}", iterations, lr, eval_tasks,
+                                 seed=seed, engine=kind, name=folder, threads=threads)  # fmt: skip
+            jobs.append(Job(label, seed, threads, config))
+    return jobs
+
+
+def run_jobs(jobs: list[Job], workers: int) -> list[dict[str, Any]]:
+    """Run ``jobs`` on ``workers`` processes (in this one when 1), printing each as it ends.
+    The first failure cancels the jobs not started and is raised."""
+    if workers == 1:
+        return [_announce(job, run_job(job)) for job in jobs]
+    results: dict[int, dict[str, Any]] = {}
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+        pending = {pool.submit(run_job, job): i for i, job in enumerate(jobs)}
+        try:
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    i = pending.pop(future)
+                    results[i] = _announce(jobs[i], future.result())
+        except BaseException:
+            for future in pending:
+                future.cancel()
+            raise
+    return [results[i] for i in range(len(jobs))]
+
+
+def _announce(job: Job, result: dict[str, Any]) -> dict[str, Any]:
+    if job.config is None:
+        print(f"base model: held-out accuracy {result['accuracy_before']:.3f}", flush=True)
+    else:
+        e = result["entropy"]
+        print(f"{job.label}, seed {job.seed}: entropy {e[0]:.3f} -> {e[-1]:.3f} "
+              f"({result['wall_s']:.0f} s)", flush=True)  # fmt: skip
+    return result
+
+
+def run_demo(
+    out: Path,
+    runs: list[str],
+    iterations: int,
+    lr: float,
+    eval_tasks: int,
+    *,
+    seeds: list[int] | tuple[int, ...] = (0,),
+    engine: str | None = None,
+    workers: int | None = None,
+) -> dict[str, Any]:
+    """Evaluate the base model and train each run for each seed (``workers`` processes at a
+    time), plot, print the table and the goal's verdict. A non-empty ``out`` is refused
+    (ValueError) so no earlier result is mixed in."""
+    if out.exists() and any(out.iterdir()):
+        raise ValueError(f"{out} is not empty; remove it or pass --out NEW_DIR")
+    from entrogym.models import resolve_model
+
+    start = time.perf_counter()
+    seeds = list(seeds)
+    resolve_model(AGENT.model)  # dequantises the shipped GGUF once, before the workers start
+    n_jobs = (1 if eval_tasks else 0) + len(runs) * len(seeds)
+    workers = workers or min(os.cpu_count() or 1, n_jobs)
+    jobs = plan_jobs(out, runs, seeds, iterations, lr, eval_tasks, workers=workers, engine=engine)
+    print(f"{n_jobs} jobs on {workers} worker process(es), {jobs[0].threads} thread(s) each",
+          flush=True)  # fmt: skip
+    results = run_jobs(jobs, workers)
+    records = [r for job, r in zip(jobs, results, strict=True) if job.config is not None]
+    base = [r for job, r in zip(jobs, results, strict=True) if job.config is None]
+    folders = {f"{r['label']} s{r['seed']}": Path(r["folder"]) for r in records}
+    for path in plot_demo(folders, out / "plots"):
+        print(path)
+    settings = {"out": str(out), "runs": runs, "iterations": iterations, "lr": lr,
+                "eval_tasks": eval_tasks, "seeds": seeds, "engine": engine or AGENT.engine,
+                "workers": workers, "threads": jobs[0].threads, "env": ENV,
+                "env_kwargs": ENV_KWARGS}  # fmt: skip
+    summary: dict[str, Any] = {"settings": settings, "runs": records}
+    summary["accuracy_before"] = base[0]["accuracy_before"] if base else None
+    summary["wall_s"] = time.perf_counter() - start
+    summary["goal"] = goal(records)
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    print(report(summary))
+    return summary

@@ -1,0 +1,37 @@
+"""The demo's job pool (``entrogym.demo.run``): runs side by side in spawned processes give what
+the same run gives in this process, and a failing job stops the demo with its error.
+
+The SmolLM2 demo itself is ``make demo`` (minutes); here the pool runs tiny-random-llama on
+the vowel env (``module:id`` so that the spawned workers register it themselves)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from entrogym.demo.run import Job, run_jobs
+from entrogym.train.config import TrainConfig
+from tests.vowel_env import TINY_RUN
+
+
+def tiny(out: Path, seed: int, **extra) -> TrainConfig:
+    run = {**TINY_RUN, "env": "tests.vowel_env:test/Vowel-v0", "iterations": 2, **extra}
+    return TrainConfig(out=str(out / f"s{seed}"), seed=seed, threads=1, **run)
+
+
+def test_pool_runs_match_in_process_runs(tmp_path: Path) -> None:
+    jobs = [Job("repo-r", seed, 1, tiny(tmp_path / "pool", seed)) for seed in (0, 1)]
+    pooled = run_jobs(jobs, workers=2)
+    alone = run_jobs([Job("repo-r", 1, 1, tiny(tmp_path / "alone", 1))], workers=1)
+    assert [r["seed"] for r in pooled] == [0, 1]
+    assert all(len(r["entropy"]) == 2 and r["algo"] == "repo-r" for r in pooled)
+    assert pooled[1]["entropy"] == alone[0]["entropy"]  # same seed, same numbers
+    assert pooled[0]["entropy"] != pooled[1]["entropy"]
+    assert all((Path(r["folder"]) / "metrics.jsonl").exists() for r in pooled)
+
+
+def test_a_failing_job_stops_the_demo_with_its_error(tmp_path: Path) -> None:
+    bad = tiny(tmp_path, 0, env="tests.vowel_env:test/NoSuchEnv-v0")
+    with pytest.raises(ValueError, match="NoSuchEnv"):
+        run_jobs([Job("bad", 0, 1, bad), Job("ok", 1, 1, tiny(tmp_path, 1))], workers=2)
