@@ -17,6 +17,7 @@ with the load average before and after each engine.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -43,8 +44,15 @@ def measure(kind: str, prompts: list[list[int]], params: SamplingParams, args) -
     load_before = os.getloadavg()
     rss = PeakRss(os.getpid())
     t0 = time.perf_counter()
-    engine = make_engine(kind, args.model, **{**AGENT.engine_kwargs(), "dtype": args.dtype})
+    agent = dataclasses.replace(AGENT, engine=kind)
+    kwargs = agent.engine_kwargs(max_num_seqs=len(prompts), threads=args.threads)
+    engine = make_engine(kind, args.model, **{**kwargs, "dtype": args.dtype})
     startup = time.perf_counter() - t0
+    settings = {
+        key: getattr(engine, key)
+        for key in ("threads", "max_num_seqs", "kv_cache_bytes", "env")
+        if hasattr(engine, key)
+    }
     try:
         engine.generate(prompts[:1], SamplingParams(max_tokens=4))
         runs = []
@@ -65,6 +73,7 @@ def measure(kind: str, prompts: list[list[int]], params: SamplingParams, args) -
         "per_repeat": runs,
         "startup_s": round(startup, 1),
         "peak_rss_mb": round(peak),
+        "engine_settings": settings,
         "load_average": {"before": load_before, "after": os.getloadavg()},
     }
 
@@ -79,7 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--engines", type=list[str], default=["vllm", "hf"])
     p.add_argument(
-        "--threads", type=int | None, default=None, help="torch threads (None: torch's default)"
+        "--threads",
+        type=int | None,
+        default=None,
+        help="torch threads, and the vllm worker's bound cores (None: the defaults: torch's "
+        "thread count; every core for vllm)",
     )
     args = p.parse_args(argv)
     if args.threads is not None:  # also OMP_NUM_THREADS for the engine's child processes
@@ -102,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
         "prompts": len(prompts),
         "budget": args.budget,
         "torch_threads": __import__("torch").get_num_threads(),
+        "env": {
+            key: os.environ.get(key)
+            for key in ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE")
+        },
         "machine": f"{platform.machine()} {platform.processor()}".strip(),
     }
     for kind in args.engines:

@@ -82,9 +82,20 @@ class AgentConfig:
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
 
-    def engine_kwargs(self, seed: int = 0, lora_rank: int | None = None) -> dict[str, Any]:
-        """Keyword arguments of ``make_engine(self.engine, self.model, **...)``."""
-        return {
+    def engine_kwargs(
+        self,
+        seed: int = 0,
+        lora_rank: int | None = None,
+        *,
+        max_num_seqs: int | None = None,
+        threads: int | None = None,
+    ) -> dict[str, Any]:
+        """Keyword arguments of ``make_engine(self.engine, self.model, **...)``.
+
+        ``max_num_seqs`` (the rollout batch: tasks x K; sizes the KV cache) and ``threads``
+        (CPU cores of the engine) go to the two vLLM engines only, when given.
+        """
+        kwargs: dict[str, Any] = {
             "dtype": self.engine_dtype,
             "max_model_len": self.max_context_tokens,
             "urls": self.engine_urls or None,
@@ -92,6 +103,12 @@ class AgentConfig:
             "request_timeout": self.request_timeout,
             "max_lora_rank": self.max_lora_rank or lora_rank or 16,
         }
+        if self.engine in ("vllm", "vllm-server") and not self.engine_urls:
+            if max_num_seqs is not None:
+                kwargs["max_num_seqs"] = max_num_seqs
+            if threads is not None:
+                kwargs["threads"] = threads
+        return kwargs
 
     def agent_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``LLMAgent.from_model(self.model, **...)``."""

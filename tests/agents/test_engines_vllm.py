@@ -10,7 +10,9 @@ import os
 import shutil
 import signal
 import time
+from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
@@ -18,6 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
 from entrogym.agents.agent import LLMAgent
 from entrogym.agents.engines import SamplingParams, make_engine
+from entrogym.agents.engines.vllm_local import model_kv_cache_bytes
 from entrogym.agents.rollout import collect_rollouts
 from entrogym.envs.base import TextEnv, Turn
 from entrogym.models import resolve_model
@@ -26,6 +29,7 @@ from entrogym.train.mismatch import ENTROPY_GAP_MAX_Z, engine_entropy_gap, sampl
 
 pytestmark = pytest.mark.slow
 MODEL = "tiny-random-llama"
+CORES = len(os.sched_getaffinity(0))
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +44,10 @@ def tokenizer(path):
 
 @pytest.fixture(scope="module")
 def engine(path):
-    eng = make_engine("vllm", path, dtype="fp32", max_model_len=512, kv_cache_gb=1, seed=0)
+    # The KV cache sized for 8 sequences, the worker bound to every core this process may use.
+    eng = make_engine(
+        "vllm", path, dtype="fp32", max_model_len=512, max_num_seqs=8, threads=CORES, seed=0
+    )
     yield eng
     eng.close()
 
@@ -246,6 +253,24 @@ def test_sampler_draws_from_the_full_distribution(engine, path):
     top50 = SamplingParams(max_tokens=32, top_k=50)
     truncated = engine_entropy_gap(engine, model, prompt, top50, samples=40)
     assert truncated["num_tokens"] >= 1000 and truncated["z"] < -ENTROPY_GAP_MAX_Z, truncated
+
+
+def test_kv_cache_and_binding_reach_vllm(engine, path, tokenizer):
+    """vLLM got the sized KV cache (not VLLM_CPU_KVCACHE_SPACE's whole GiB), and the worker's
+    OpenMP threads sit one on each core (vLLM's "auto" would leave one core to its scheduler)."""
+    cache = engine._llm.llm_engine.vllm_config.cache_config
+    want = model_kv_cache_bytes(path, "float32", max_num_seqs=8, max_model_len=512)
+    assert cache.kv_cache_memory_bytes == engine.kv_cache_bytes == want
+    engine.generate(chat_prompts(tokenizer, 4), SamplingParams(max_tokens=8))
+    workers = [w for pid in engine.engine_pids() for w in psutil.Process(pid).children()]
+    pinned = set()
+    for worker in workers:
+        for task in Path(f"/proc/{worker.pid}/task").iterdir():
+            status = (task / "status").read_text()
+            cpus = status.split("Cpus_allowed_list:")[1].split()[0]
+            if cpus.isdigit():  # a thread bound to one CPU: an OpenMP thread
+                pinned.add(int(cpus))
+    assert pinned == set(sorted(os.sched_getaffinity(0))[:CORES]), pinned
 
 
 def test_engine_restarts_once_after_a_crash(engine, tokenizer):

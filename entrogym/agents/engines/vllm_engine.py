@@ -23,6 +23,12 @@ from entrogym.agents.engines.base import (
     engine_dtype,
     vllm_max_lora_rank,
 )
+from entrogym.agents.engines.vllm_local import (
+    CPU_BLOCK_SIZE,
+    resolve_kv_cache_bytes,
+    scoped_env,
+    vllm_cpu_env,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +48,15 @@ class VLLMEngine(Engine):
         seed: vLLM's global sampling seed.
         max_lora_rank: the largest adapter rank the engine accepts (pass the run's LoRA rank;
             rounded up to a rank vLLM supports, e.g. 24 -> 32).
-        kv_cache_gb: KV cache size on CPU (sets ``VLLM_CPU_KVCACHE_SPACE``); None keeps the
-            environment's value, or 2 if unset.
+        max_num_seqs: sequences vLLM runs at once: pass the rollout batch (tasks x K). The KV
+            cache is sized for this many sequences of ``max_model_len`` tokens. None: vLLM's
+            own limit, and a KV cache for ``DEFAULT_KV_SEQS`` (8) full-length sequences.
+        kv_cache_gb: KV cache size (GiB, fractions allowed) instead of the sized one. None
+            with ``VLLM_CPU_KVCACHE_SPACE`` set: that variable's whole GiB, as vLLM reads it.
+        threads: CPU cores vLLM-CPU's worker runs on (``VLLM_CPU_OMP_THREADS_BIND`` is set to
+            the first ``threads`` CPUs this process may use); None keeps vLLM's ``auto``
+            binding (see ``vllm_local.vllm_cpu_env``). A ``VLLM_CPU_OMP_THREADS_BIND`` set in
+            the environment is kept.
         enforce_eager: skip ``torch.compile``; on a 2-core CPU compiling costs a minute of
             start-up for little gain on small models.
         llm_kwargs: passed to ``vllm.LLM`` as is (e.g. ``gpu_memory_utilization``).
@@ -60,7 +73,9 @@ class VLLMEngine(Engine):
         seed: int = 0,
         max_lora_rank: int = 16,
         max_loras: int = 1,
+        max_num_seqs: int | None = None,
         kv_cache_gb: float | None = None,
+        threads: int | None = None,
         enforce_eager: bool = True,
         enable_prefix_caching: bool = True,
         **llm_kwargs: Any,
@@ -69,7 +84,25 @@ class VLLMEngine(Engine):
         self.dtype = engine_dtype(dtype)
         self.max_lora_rank = vllm_max_lora_rank(max_lora_rank)
         self.max_loras = max_loras
+        if max_num_seqs is not None and (
+            isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1
+        ):
+            raise ValueError(
+                f"max_num_seqs must be a positive integer or None, got {max_num_seqs!r}"
+            )
+        self.max_num_seqs = max_num_seqs
         self.kv_cache_gb = kv_cache_gb
+        self.threads = threads
+        # Checked now, so a bad value fails before any process starts.
+        self.env = vllm_cpu_env(threads, kv_cache_gb=kv_cache_gb)
+        self.kv_cache_bytes = resolve_kv_cache_bytes(
+            model,
+            self.dtype,
+            kv_cache_gb=kv_cache_gb,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            block_size=llm_kwargs.get("block_size") or CPU_BLOCK_SIZE,
+        )
         self.enforce_eager = enforce_eager
         self.enable_prefix_caching = enable_prefix_caching
         self.llm_kwargs = llm_kwargs
@@ -80,25 +113,27 @@ class VLLMEngine(Engine):
     def _start(self) -> None:
         from vllm import LLM
 
-        if self.kv_cache_gb is not None:
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(self.kv_cache_gb)))
-        else:
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
         self._lora_ids.clear()
         # Default sampling settings never come from the checkpoint's generation_config.
         llm_kwargs = {"generation_config": "vllm", **self.llm_kwargs}
-        self._llm = LLM(
-            model=self.model,
-            dtype=self.dtype,
-            max_model_len=self.max_model_len,
-            seed=self.seed,
-            enable_lora=True,
-            max_lora_rank=self.max_lora_rank,
-            max_loras=self.max_loras,
-            enforce_eager=self.enforce_eager,
-            enable_prefix_caching=self.enable_prefix_caching,
-            **llm_kwargs,
-        )
+        if self.max_num_seqs is not None:
+            llm_kwargs.setdefault("max_num_seqs", self.max_num_seqs)
+        if self.kv_cache_bytes is not None:
+            llm_kwargs.setdefault("kv_cache_memory_bytes", self.kv_cache_bytes)
+        # vLLM's processes inherit the binding; this process's environment is left as it was.
+        with scoped_env(self.env):
+            self._llm = LLM(
+                model=self.model,
+                dtype=self.dtype,
+                max_model_len=self.max_model_len,
+                seed=self.seed,
+                enable_lora=True,
+                max_lora_rank=self.max_lora_rank,
+                max_loras=self.max_loras,
+                enforce_eager=self.enforce_eager,
+                enable_prefix_caching=self.enable_prefix_caching,
+                **llm_kwargs,
+            )
 
     def _shutdown(self) -> None:
         llm, self._llm = self._llm, None

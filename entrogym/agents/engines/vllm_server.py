@@ -36,7 +36,12 @@ from entrogym.agents.engines.base import (
     vllm_max_lora_rank,
 )
 from entrogym.agents.engines.vllm_engine import adapter_key
-from entrogym.agents.engines.vllm_local import LocalVLLMServer, serve
+from entrogym.agents.engines.vllm_local import (
+    LocalVLLMServer,
+    local_server_args,
+    serve,
+    vllm_cpu_env,
+)
 
 __all__ = [
     "LocalVLLMServer",
@@ -84,6 +89,7 @@ class VLLMServerEngine(Engine):
     retry_backoff: seconds before the first retry round; doubled for each further round.
     max_concurrency: requests in flight at once, over all servers.
     server_args: extra ``vllm serve`` arguments for a local server.
+    max_num_seqs, kv_cache_gb, threads: as for ``VLLMEngine``, for a local server only.
 
     A request that fails for a reason a server may recover from (refused or reset connection,
     no answer within ``request_timeout``, HTTP 502/503/504, or 500 on a completion) moves on
@@ -106,7 +112,9 @@ class VLLMServerEngine(Engine):
         seed: int = 0,
         max_lora_rank: int = 16,
         max_loras: int = 1,
-        kv_cache_gb: float = 2,
+        max_num_seqs: int | None = None,
+        kv_cache_gb: float | None = None,
+        threads: int | None = None,
         enforce_eager: bool = True,
         startup_timeout: float = 600.0,
         request_timeout: float = 600.0,
@@ -134,10 +142,13 @@ class VLLMServerEngine(Engine):
         args += ["--enforce-eager"] if enforce_eager else []
         self.server: LocalVLLMServer | None = None
         if not self.urls:
+            args += local_server_args(
+                model, args, max_num_seqs, kv_cache_gb, list(server_args or [])
+            )
             self.server = LocalVLLMServer(
                 model,
                 args + list(server_args or []),
-                kv_cache_gb=kv_cache_gb,
+                env=vllm_cpu_env(threads, kv_cache_gb=kv_cache_gb),
                 timeout=startup_timeout,
             )
         self._session = requests.Session()
