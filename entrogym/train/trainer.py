@@ -180,7 +180,15 @@ class Trainer:
         cfg = self.cfg
         if self.ranks.main and self.engine is None:
             self.engine = make_engine(
-                cfg.engine, cfg.model, **cfg.engine_kwargs(seed=cfg.seed, lora_rank=cfg.lora_rank)
+                cfg.engine,
+                cfg.model,
+                # the rollout batch sizes a vLLM engine's KV cache; threads bind its worker
+                **cfg.engine_kwargs(
+                    seed=cfg.seed,
+                    lora_rank=cfg.lora_rank,
+                    max_num_seqs=cfg.tasks_per_iter * cfg.samples,
+                    threads=cfg.threads,
+                ),
             )
 
     def _restore_weights(self, newest: Path | None) -> tuple[Path | None, int | None]:
