@@ -1,0 +1,470 @@
+"""The paper's two numerical claims on an LLM (SmolLM2-135M-Instruct by default), measured.
+
+1. **bf16-rounded log-probs and clipping** (paper Sec. 4.1 "16-bit Quantization of Model
+   Outputs Affects Clipping", Thm 3): with log-probs rounded to bf16 before the importance
+   ratio, the upper clip binds more often and the lower clip less often than with exact fp32.
+   Per seed: the demo's batch (its env, system prompt, 6 tasks x K=4, 48 tokens) is drawn by
+   an exact fp32 ``hf`` sampler; the old log-probs are the fp32 LoRA policy's own; then the
+   real update (``policy_update`` with the preset's GRPO advantages and clipped loss, AdamW at
+   the demo's lr, the trainer's grad-norm clip) takes ``--steps`` optimizer steps on that
+   batch. After each step the batch is rescored and the clip decisions are taken twice on the
+   same log-probs: exact, and with both old and new rounded to bf16 as a bf16 trainer would.
+   Reported: both clip fractions (the update metrics' definition) for each, the tokens whose
+   decision the rounding flips and in which direction (towards Thm 3: an upper clip gained or
+   a lower clip lost; against: the reverse), a one-sided sign test over the flips, and Thm 3's
+   own quantity, the mean of r_observed / r_true - 1 against its prediction Var(delta)/2.
+2. **The sampler/trainer mismatch per sampler dtype** (Sec. 4.1, the figure "Inference/train
+   discrepancy depending on dtype"; appendix "Numerical considerations"): the ``hf`` engine
+   samples the demo's prompts in fp32, bf16 and fp16 and reports its log-probs; the exact fp32
+   learner scores the same tokens. Reported per dtype: mean and max |delta logp|, the share of
+   tokens whose ratio exp(learner - sampler) leaves [0.8, 1.2], and the mean sampler - learner.
+
+    PYTHONPATH=$PWD nice -n 19 .venv/bin/python benchmarks/llm_claims.py --threads 1 --table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+RATIO_BAND = (0.8, 1.2)  # GRPO's clip range: the mismatch a sampler adds is clipped outside it
+SIGNIFICANCE = 0.05
+
+
+def make_agent(model: str) -> Any:
+    """The demo's conversation settings (system prompt, 48 response tokens) for ``model``."""
+    from entrogym.agents.agent import LLMAgent
+    from entrogym.demo import AGENT
+
+    return LLMAgent.from_model(model, **replace(AGENT, model=model).agent_kwargs())
+
+
+def sample_batch(engine: Any, agent: Any, *, tasks: int, k: int, seed: int) -> Any:
+    """``k`` completions of ``tasks`` training tasks of the demo's env drawn by ``engine`` at
+    temperature 1 without truncation, with their rewards, as the trainer's padded ``Batch``."""
+    from entrogym.agents.engines import SamplingParams
+    from entrogym.agents.rollout import collect_rollouts
+    from entrogym.demo import ENV, ENV_KWARGS
+    from entrogym.envs.base import make_text_env, task_ids_of
+    from entrogym.train.batch import collate_episodes, usable_episodes
+
+    env = make_text_env(ENV, **ENV_KWARGS)
+    task_ids = task_ids_of(env, "train")
+    env.close()
+    chosen = random.Random(seed).sample(task_ids, tasks)
+    torch.manual_seed(seed)  # the hf engine draws from torch's global generator
+    rollouts = collect_rollouts(
+        ENV, chosen, engine, agent, k=k, sampling=SamplingParams(temperature=1.0),
+        early_stop=False, env_kwargs=ENV_KWARGS, seed=seed * 1_000_003,
+    )  # fmt: skip
+    episodes = usable_episodes([e for e in rollouts if not e.failed])
+    return collate_episodes(episodes, agent.tokenizer.pad_token_id or 0)
+
+
+def make_scorer(policy: torch.nn.Module, batch: Any):
+    """The trainer's scoring of rows ``index`` (fp32 log-probs, action-only head, trimmed
+    layout) as ``policy_update``'s ScoreFn: ``(index, need_entropy) -> ([b, w], None)``."""
+    from entrogym.train.logprobs import sequence_logprobs
+
+    def score(index: torch.Tensor, need_entropy: bool = False):
+        ids, attention = batch.tokens(index)
+        lp = sequence_logprobs(
+            policy, ids, attention, score_mask=batch.actions(index), layout="trimmed"
+        )
+        return lp, None
+
+    return score
+
+
+def score_all(score, n: int, width: int, micro: int) -> torch.Tensor:
+    """``[n, width]`` log-probs of every row, in fixed micro-batches of ``micro`` rows (the same
+    split every call, so a policy scored twice gives bit-identical values)."""
+    from entrogym.algos.update_batch import micro_batches
+
+    parts = []
+    with torch.no_grad():
+        for index in micro_batches(torch.arange(n), micro):
+            lp = score(index)[0]
+            parts.append(torch.nn.functional.pad(lp, (0, width - lp.shape[1])))
+    return torch.cat(parts)
+
+
+def clip_decisions(
+    logprobs: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, algo: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token (lower-clipped, upper-clipped) masks, as ``clipped_policy_loss`` counts them:
+    A < 0 and w < 1 - eps_low; A > 0 and w > 1 + eps_high (Sec. 2, PPO objective)."""
+    from entrogym.algos.losses import clip_bounds, token_importance_ratio
+
+    low, high = clip_bounds(algo.eps_low, algo.eps_high)
+    ratio = token_importance_ratio(logprobs, old)
+    a, m = adv[:, None], mask.bool()
+    return m & (a < 0) & (ratio < low), m & (a > 0) & (ratio > high)
+
+
+def bf16_ulp(values: torch.Tensor) -> torch.Tensor:
+    """The spacing of bf16 numbers (8 significant bits) at ``values``."""
+    return torch.exp2(torch.floor(torch.log2(values.abs())) - 7)
+
+
+def thm3_ratio_bias(logprobs: torch.Tensor, old: torch.Tensor, mask: torch.Tensor) -> dict:
+    """Thm 3 (Sec. 4.1; its proof in the appendix "Proof of Theorem 3"): E[r_obs | r_true] =
+    r_true * E[exp(-delta)] ~ r_true * (1 + Var(delta) / 2), Var(delta) = (ulp_new^2 +
+    ulp_old^2) / 12 when both rounding errors are independent and uniform. Measured: the mean
+    of r_obs / r_true - 1 over tokens, its standard error, and that prediction."""
+    from entrogym.dtypes import bf16_round
+
+    m = mask.bool()
+    new, prev = logprobs[m].double(), old[m].double()
+    rel = torch.exp((bf16_round(new) - bf16_round(prev)) - (new - prev)) - 1
+    predicted = (bf16_ulp(new) ** 2 + bf16_ulp(prev) ** 2) / 24
+    return {
+        "mean": float(rel.mean()),
+        "stderr": float(rel.std() / math.sqrt(rel.numel())) if rel.numel() > 1 else None,
+        "predicted": float(predicted.mean()),
+    }
+
+
+def bf16_clip_effect(
+    logprobs: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, algo: Any
+) -> dict:
+    """The clip statistics of one batch with exact fp32 log-probs and with both sides rounded
+    to bf16 (Sec. 4.1 "16-bit Quantization of Model Outputs Affects Clipping")."""
+    from entrogym.algos.losses import clipped_policy_loss
+    from entrogym.dtypes import bf16_round
+
+    out: dict[str, Any] = {
+        "tokens": int(mask.sum()),
+        "tokens_with_signal": int((mask.bool() & (adv[:, None] != 0)).sum()),
+        "mean_abs_log_ratio": float(((logprobs - old).abs() * mask).sum() / mask.sum()),
+    }
+    decisions = {}
+    for name, (new, prev) in {
+        "fp32": (logprobs, old),
+        "bf16": (bf16_round(logprobs), bf16_round(old)),
+    }.items():
+        _, metrics = clipped_policy_loss(
+            new, prev, adv, mask, eps_low=algo.eps_low, eps_high=algo.eps_high,
+            level="token", aggregation=algo.aggregation,
+        )  # fmt: skip
+        low, high = decisions[name] = clip_decisions(new, prev, adv, mask, algo)
+        out[name] = {
+            "clip_frac_low": metrics["clip_frac_low"],
+            "clip_frac_high": metrics["clip_frac_high"],
+            "clipped_low": int(low.sum()),
+            "clipped_high": int(high.sum()),
+        }
+    (lo_e, hi_e), (lo_r, hi_r) = decisions["fp32"], decisions["bf16"]
+    out["flips"] = {
+        "high_gained": int((hi_r & ~hi_e).sum()),
+        "high_lost": int((hi_e & ~hi_r).sum()),
+        "low_gained": int((lo_r & ~lo_e).sum()),
+        "low_lost": int((lo_e & ~lo_r).sum()),
+    }
+    out["thm3_ratio_bias"] = thm3_ratio_bias(logprobs, old, mask)
+    return out
+
+
+def update_and_measure(policy, batch: Any, algo: Any, cfg: Any, steps: int) -> list[dict]:
+    """Take ``steps`` optimizer steps of the real update on ``batch`` (old log-probs: the
+    policy's own fp32 scores) and measure :func:`bf16_clip_effect` before the first step (a
+    self-check: both ratios are exactly 1) and after each step."""
+    from entrogym.algos.controls import make_control
+    from entrogym.algos.update import policy_update
+    from entrogym.algos.update_batch import UpdateBatch
+    from entrogym.train.policy import trainable_parameters
+
+    score = make_scorer(policy, batch)
+    n, width, micro = len(batch), batch.action_mask.shape[1], cfg.micro_batch_size
+    old = score_all(score, n, width, micro)
+    experience = UpdateBatch.build(
+        algo.advantage, rewards=batch.rewards, group_ids=batch.group_ids,
+        mask=batch.action_mask, lengths=batch.lengths, old_logprobs=old.clone(),
+    )  # fmt: skip
+    mask, adv = batch.action_mask.float(), experience.advantages
+    measured = [bf16_clip_effect(score_all(score, n, width, micro), old, adv, mask, algo)]
+    params = trainable_parameters(policy)
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+    def step() -> bool:
+        torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+        optimizer.step()
+        measured.append(bf16_clip_effect(score_all(score, n, width, micro), old, adv, mask, algo))
+        return True
+
+    policy_update(
+        make_control(replace(algo, epochs=steps, minibatch_size=None)), experience,
+        score=score, backward=lambda loss: loss.backward(), step=step,
+        zero_grad=lambda: optimizer.zero_grad(set_to_none=True), micro_batch_size=micro,
+        generator=torch.Generator().manual_seed(0),
+    )  # fmt: skip
+    for i, row in enumerate(measured):
+        row["step"] = i
+    return measured
+
+
+def sign_test(toward: int, against: int) -> float | None:
+    """One-sided binomial p-value of at least ``toward`` of the flips going Thm 3's way when
+    either way is equally likely (None without flips)."""
+    n = toward + against
+    if n == 0:
+        return None
+    return sum(math.comb(n, i) for i in range(toward, n + 1)) / 2**n
+
+
+def pool(rows: list[dict]) -> dict:
+    """Token-weighted totals of :func:`bf16_clip_effect` rows (one per seed, same step)."""
+    tokens = sum(r["tokens"] for r in rows)
+    out: dict[str, Any] = {"tokens": tokens, "seeds": len(rows)}
+    out["tokens_with_signal"] = sum(r["tokens_with_signal"] for r in rows)
+    out["mean_abs_log_ratio"] = sum(r["mean_abs_log_ratio"] * r["tokens"] for r in rows) / tokens
+    for name in ("fp32", "bf16"):
+        low = sum(r[name]["clipped_low"] for r in rows)
+        high = sum(r[name]["clipped_high"] for r in rows)
+        out[name] = {
+            "clip_frac_low": low / tokens,
+            "clip_frac_high": high / tokens,
+            "high_over_low": high / low if low else None,
+        }
+    flips = {key: sum(r["flips"][key] for r in rows) for key in rows[0]["flips"]}
+    toward = flips["high_gained"] + flips["low_lost"]
+    against = flips["high_lost"] + flips["low_gained"]
+    out["flips"] = {**flips, "toward_thm3": toward, "against_thm3": against}
+    out["flips"]["p_value"] = sign_test(toward, against)
+    bias = [(r["thm3_ratio_bias"], r["tokens"]) for r in rows]
+    out["thm3_ratio_bias"] = {
+        "mean": sum(b["mean"] * n for b, n in bias) / tokens,
+        "stderr": math.sqrt(sum(((b["stderr"] or 0) * n) ** 2 for b, n in bias)) / tokens,
+        "predicted": sum(b["predicted"] * n for b, n in bias) / tokens,
+    }
+    out["verdict"] = clipping_verdict(out)
+    return out
+
+
+def clipping_verdict(pooled: dict) -> str:
+    """Plain words for one pooled step: does bf16 rounding move clipping Thm 3's way?"""
+    flips, fp32, bf16 = pooled["flips"], pooled["fp32"], pooled["bf16"]
+    toward, against, n = flips["toward_thm3"], flips["against_thm3"], pooled["tokens"]
+    fracs = (
+        f"clip_frac_high {fp32['clip_frac_high']:.4f} -> {bf16['clip_frac_high']:.4f}, "
+        f"clip_frac_low {fp32['clip_frac_low']:.4f} -> {bf16['clip_frac_low']:.4f} (fp32 -> bf16)"
+    )
+    if toward + against == 0:
+        return (
+            f"not shown at this scale: bf16 rounding changed no clip decision among {n} tokens "
+            f"(mean |log r| {pooled['mean_abs_log_ratio']:.3g}; {fracs})"
+        )
+    counts = f"{toward} of {toward + against} flipped decisions go Thm 3's way (p={flips['p_value']:.3g})"
+    if toward > against and flips["p_value"] < SIGNIFICANCE:
+        return f"shown: {counts}; {fracs}"
+    return f"not shown above noise: {counts}; {fracs}"
+
+
+def bf16_clipping_claim(args: argparse.Namespace, model: str, agent: Any) -> dict:
+    """Claim 1 over ``args.seeds`` batches: per-seed rows and pooled rows per step."""
+    from entrogym.agents.engines import make_engine
+    from entrogym.algos.presets import get_algorithm
+    from entrogym.demo import AGENT, demo_config
+    from entrogym.train.policy import LoraSettings, load_policy
+
+    algo = get_algorithm(args.algo)
+    per_seed: list[list[dict]] = []
+    with make_engine("hf", model, dtype="fp32", max_model_len=AGENT.max_context_tokens) as engine:
+        for seed in range(args.seeds):
+            t0 = time.perf_counter()
+            cfg = demo_config(args.algo, Path(os.devnull), 1, args.lr, 1, seed=seed)
+            batch = sample_batch(engine, agent, tasks=args.tasks, k=args.k, seed=seed)
+            policy = load_policy(
+                model, lora=LoraSettings(r=cfg.lora_rank, alpha=cfg.lora_alpha), seed=seed
+            )
+            rows = update_and_measure(policy, batch, algo, cfg, args.steps)
+            per_seed.append(rows)
+            say({"bf16_clipping_seed": seed, "s": round(time.perf_counter() - t0, 1),
+                 "after_step_1": rows[1]["flips"] if len(rows) > 1 else None})  # fmt: skip
+    pooled = {f"step_{s}": pool([rows[s] for rows in per_seed]) for s in range(1, args.steps + 1)}
+    self_check = max(abs(rows[0]["mean_abs_log_ratio"]) for rows in per_seed)
+    return {
+        "algo": algo.name,
+        "eps_low": algo.eps_low,
+        "eps_high": algo.eps_high,
+        "lr": args.lr,
+        "self_check_mean_abs_log_ratio_before_step": self_check,
+        "pooled": pooled,
+        "per_seed": per_seed,
+        "verdict": pooled["step_1"]["verdict"],  # after one step: the brief's headline
+    }
+
+
+def mismatch_claim(args: argparse.Namespace, model: str, agent: Any) -> dict:
+    """Claim 2: per sampler dtype, its batch scored by the exact fp32 learner; the verdict on
+    the order of the dtypes."""
+    from entrogym.agents.engines import make_engine
+    from entrogym.demo import AGENT
+    from entrogym.train.mismatch import sampler_mismatch
+    from entrogym.train.policy import load_base_model
+
+    learner, rows = load_base_model(model, dtype="fp32"), {}
+    for dtype in args.dtypes:
+        t0 = time.perf_counter()
+        kwargs = {"dtype": dtype, "max_model_len": AGENT.max_context_tokens, "seed": args.seed}
+        with make_engine("hf", model, **kwargs) as engine:
+            batch = sample_batch(engine, agent, tasks=args.mismatch_tasks, k=args.k, seed=args.seed)
+        n, width = len(batch), batch.action_mask.shape[1]
+        learner_lp = score_all(make_scorer(learner, batch), n, width, args.micro)
+        m = sampler_mismatch(
+            learner_lp, batch.sampler_logprobs, batch.action_mask, low=RATIO_BAND[0],
+            high=RATIO_BAND[1],
+        )  # fmt: skip
+        rows[dtype] = {
+            "tokens": m["num_tokens"],
+            "mean_abs_dlogp": m["mean_abs_diff"],
+            "max_abs_dlogp": m["max_abs_diff"],
+            "frac_ratio_outside_0.8_1.2": m["frac_ratio_outside"],
+            "mean_sampler_minus_learner": None if m["mean_diff"] is None else -m["mean_diff"],
+            "sampler_nonfinite": m["sampler_nonfinite"],
+            "seconds": round(time.perf_counter() - t0, 1),
+        }
+        say({f"mismatch_{dtype}": rows[dtype]})
+    return {"rows": rows, "verdict": mismatch_verdict(rows)}
+
+
+def mismatch_verdict(rows: dict[str, dict]) -> str:
+    """The paper's ordering: fp32 (exact) < fp16 (10 mantissa bits) < bf16 (7) in mean |dlogp|."""
+    have = [
+        d for d in ("fp32", "fp16", "bf16") if d in rows and rows[d]["mean_abs_dlogp"] is not None
+    ]
+    values = [rows[d]["mean_abs_dlogp"] for d in have]
+    listed = ", ".join(f"{d} {v:.2e}" for d, v in zip(have, values, strict=True))
+    if len(have) < 2:
+        return f"not enough dtypes to compare ({listed or 'none'})"
+    if values == sorted(values) and len(set(values)) == len(values):
+        return f"shown: mean |dlogp| grows as the sampler's precision falls ({listed})"
+    return f"not shown: mean |dlogp| is not ordered fp32 < fp16 < bf16 ({listed})"
+
+
+def say(obj: dict) -> None:
+    """Progress on stderr (partial results survive an interrupted run)."""
+    print(json.dumps(obj), file=sys.stderr, flush=True)
+
+
+def table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    """Markdown table lines."""
+    return [f"| {' | '.join(header)} |", "|" + "---|" * len(header)] + [
+        f"| {' | '.join(str(c) for c in row)} |" for row in rows
+    ]
+
+
+def markdown(report: dict) -> str:
+    """The two tables a reader wants: clip fractions per step, mismatch per sampler dtype."""
+    lines = []
+    if "bf16_clipping" in report:
+        c, rows = report["bf16_clipping"], []
+        for key, p in c["pooled"].items():
+            f, b, fl, t = p["fp32"], p["bf16"], p["flips"], p["thm3_ratio_bias"]
+            rows.append([
+                key.split("_")[1], p["tokens"], f"{p['mean_abs_log_ratio']:.3f}",
+                f"{f['clip_frac_high']:.4f} / {f['clip_frac_low']:.4f}",
+                f"{b['clip_frac_high']:.4f} / {b['clip_frac_low']:.4f}",
+                f"{fl['high_gained']} / {fl['high_lost']} / {fl['low_gained']} / {fl['low_lost']}",
+                "-" if fl["p_value"] is None else f"{fl['p_value']:.3g}",
+                f"{t['mean']:.1e} ± {t['stderr']:.1e} ({t['predicted']:.1e})",
+            ])  # fmt: skip
+        lines += [f"{c['algo']}, eps {c['eps_low']}/{c['eps_high']}, lr {c['lr']}, "
+                  f"{len(c['per_seed'])} seeds", ""]  # fmt: skip
+        lines += table(
+            ["after step", "tokens", "mean abs log r", "fp32 high / low", "bf16 high / low",
+             "high +/-, low +/- (bf16 flips)", "p", "r_obs/r_true - 1 (Thm 3 predicts)"],
+            rows,
+        )  # fmt: skip
+        lines += ["", f"Verdict: {c['verdict']}", ""]
+    if "sampler_mismatch" in report:
+        m = report["sampler_mismatch"]
+        rows = [
+            [d, r["tokens"], f"{r['mean_abs_dlogp']:.2e}", f"{r['max_abs_dlogp']:.2e}",
+             f"{r['frac_ratio_outside_0.8_1.2']:.4f}", f"{r['mean_sampler_minus_learner']:+.2e}"]
+            for d, r in m["rows"].items()
+        ]  # fmt: skip
+        lines += table(
+            ["sampler", "tokens", "mean abs dlogp", "max abs dlogp", "ratio outside [0.8, 1.2]",
+             "mean sampler - learner"],
+            rows,
+        )  # fmt: skip
+        lines += ["", f"Verdict: {m['verdict']}"]
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from entrogym.dtypes import DTYPE_NAMES
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--claims", default="clipping,mismatch", help="comma-separated subset")
+    p.add_argument("--algo", default="grpo", help="preset whose advantages, loss and clip range")
+    p.add_argument("--seeds", type=int, default=8, help="batches for the clipping claim")
+    p.add_argument("--steps", type=int, default=2, help="optimizer steps per batch")
+    p.add_argument("--tasks", type=int, default=6)
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--lr", type=float, default=None, help="default: the demo's")
+    p.add_argument("--dtypes", default=",".join(DTYPE_NAMES), help="sampler dtypes")
+    p.add_argument("--mismatch-tasks", type=int, default=6)
+    p.add_argument("--seed", type=int, default=0, help="the mismatch batch's seed")
+    p.add_argument("--micro", type=int, default=6, help="rows per scoring micro-batch")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--table", action="store_true", help="also print markdown tables")
+    args = p.parse_args(argv)
+    args.claims = [c for c in args.claims.split(",") if c]
+    args.dtypes = [d for d in args.dtypes.split(",") if d]
+    if not args.claims or set(args.claims) - {"clipping", "mismatch"}:
+        p.error(f"--claims: choose from clipping, mismatch, got {args.claims}")
+    if [d for d in args.dtypes if d not in DTYPE_NAMES] or not args.dtypes:
+        p.error(f"--dtypes: choose from {', '.join(DTYPE_NAMES)}, got {args.dtypes}")
+    for name in ("seeds", "steps", "tasks", "mismatch_tasks", "micro"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.k < 2:
+        p.error("--k must be >= 2 (GRPO's group baseline needs two samples per task)")
+    return args
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Both claims as one JSON-ready report."""
+    from entrogym.demo import DEFAULT_LR
+    from entrogym.models import resolve_model
+    from entrogym.train.precision import apply_threads
+
+    if args.threads:
+        apply_threads(args.threads)
+    args.lr = DEFAULT_LR if args.lr is None else args.lr
+    model = str(resolve_model(args.model))
+    agent = make_agent(model)
+    t0 = time.perf_counter()
+    report: dict[str, Any] = {"model": args.model, "load_avg_start": os.getloadavg()}
+    if "clipping" in args.claims:
+        report["bf16_clipping"] = bf16_clipping_claim(args, model, agent)
+    if "mismatch" in args.claims:
+        report["sampler_mismatch"] = mismatch_claim(args, model, agent)
+    report["load_avg_end"] = os.getloadavg()
+    report["seconds"] = round(time.perf_counter() - t0, 1)
+    return report
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    report = run(args)
+    print(json.dumps(report, indent=1))
+    if args.table:
+        print(markdown(report))
+
+
+if __name__ == "__main__":
+    main()
