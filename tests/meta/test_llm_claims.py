@@ -35,6 +35,9 @@ def test_rounding_flips_a_ratio_just_below_the_upper_clip_over_it():
     bias = out["thm3_ratio_bias"]["mean"]
     exact = math.exp(float(bf16_round(new[0, 0]) + 1.0) - 0.1820) - 1
     assert bias == pytest.approx(exact / 3, rel=1e-4)
+    # the null: uniform noise of half an ulp moves the first token over 1.2 about half the time
+    nets = out["noise_control_net"]
+    assert len(nets) == 200 and set(nets) <= {0, 1} and 0.3 < sum(nets) / 200 < 0.7
 
 
 def test_sign_test_and_verdict_words():
@@ -48,7 +51,9 @@ def test_sign_test_and_verdict_words():
     pooled = llm_claims.pool([row, row])
     assert pooled["flips"]["toward_thm3"] == 2 and pooled["flips"]["p_value"] == 0.25
     assert pooled["verdict"].startswith("not shown above noise")
-    assert llm_claims.pool([row] * 5)["verdict"].startswith("shown")
+    five = llm_claims.pool([row] * 5)
+    assert five["verdict"].startswith("shown") and five["noise_control"]["draws"] == 200
+    assert 0 < five["noise_control"]["mean_net_toward"] < 5
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +79,7 @@ def test_one_real_update_moves_the_ratios_and_rounding_changes_only_bf16(tiny_ba
     # the fp32 policy scored twice in the same micro-batches: bit-identical, nothing clipped
     assert before["mean_abs_log_ratio"] == 0 and before["thm3_ratio_bias"]["mean"] == 0
     assert sum(before["flips"].values()) == 0 and before["fp32"] == before["bf16"]
+    assert not any(before["noise_control_net"])  # ratios of 1 are far from both bounds
     assert after["mean_abs_log_ratio"] > 1e-3  # the step changed the policy
     assert after["thm3_ratio_bias"]["mean"] != 0  # rounding moved the observed ratios
     for name in ("fp32", "bf16"):
@@ -86,7 +92,8 @@ def test_one_real_update_moves_the_ratios_and_rounding_changes_only_bf16(tiny_ba
 
 def test_command_end_to_end_with_a_table(capsys):
     args = llm_claims.parse_args(
-        ["--model", MODEL, "--seeds", "1", "--tasks", "2", "--k", "2", "--mismatch-tasks", "1"]
+        ["--model", MODEL, "--seeds", "1", "--steps", "1", "--tasks", "2", "--k", "2"]
+        + ["--mismatch-tasks", "1"]
         + ["--dtypes", "fp32,bf16", "--threads", "1", "--table"]
     )
     report = llm_claims.run(args)
