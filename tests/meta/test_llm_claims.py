@@ -1,19 +1,24 @@
-"""benchmarks/llm_claims.py end to end on a tiny random Llama: the clip statistics of bf16
-rounding (Thm 3) on constructed ratios and after a real update, and the sampler mismatch per
-sampler dtype."""
+"""benchmarks/llm_claims.py and its statistics (llm_claims_stats.py) on a tiny random Llama:
+the clip statistics of bf16 rounding (Thm 3) on constructed ratios and after a real update,
+and the sampler mismatch per sampler dtype, end to end."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from benchmarks import llm_claims
-from entrogym.algos.presets import get_algorithm
-from entrogym.dtypes import bf16_round
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import llm_claims  # noqa: E402
+import llm_claims_stats as stats  # noqa: E402
+
+from entrogym.algos.presets import get_algorithm  # noqa: E402
+from entrogym.dtypes import bf16_round  # noqa: E402
 
 MODEL = "tiny-random-llama"
 GRPO = get_algorithm("grpo")
@@ -24,12 +29,12 @@ def test_rounding_flips_a_ratio_just_below_the_upper_clip_over_it():
     old = torch.tensor([[-1.0, -1.0, -2.0]])
     new = torch.tensor([[-0.8180, -1.0, -2.0]])
     adv, mask = torch.tensor([1.0]), torch.ones(1, 3)
-    out = llm_claims.bf16_clip_effect(new, old, adv, mask, GRPO)
+    out = stats.bf16_clip_effect(new, old, adv, mask, GRPO)
     assert out["fp32"]["clipped_high"] == 0 and out["bf16"]["clipped_high"] == 1
     assert out["bf16"]["clip_frac_high"] == pytest.approx(1 / 3)
     assert out["flips"] == {"high_gained": 1, "high_lost": 0, "low_gained": 0, "low_lost": 0}
     # the same token with a negative advantage is never upper-clipped
-    neg = llm_claims.bf16_clip_effect(new, old, -adv, mask, GRPO)
+    neg = stats.bf16_clip_effect(new, old, -adv, mask, GRPO)
     assert neg["bf16"]["clipped_high"] == 0 and neg["fp32"]["clipped_low"] == 0
     # Thm 3's ratio bias: tokens with new == old are rounded alike, so only the first counts
     bias = out["thm3_ratio_bias"]["mean"]
@@ -41,17 +46,17 @@ def test_rounding_flips_a_ratio_just_below_the_upper_clip_over_it():
 
 
 def test_sign_test_and_verdict_words():
-    assert llm_claims.sign_test(0, 0) is None
-    assert llm_claims.sign_test(3, 0) == pytest.approx(1 / 8)
-    assert llm_claims.sign_test(0, 3) == 1.0
-    row = llm_claims.bf16_clip_effect(
+    assert stats.sign_test(0, 0) is None
+    assert stats.sign_test(3, 0) == pytest.approx(1 / 8)
+    assert stats.sign_test(0, 3) == 1.0
+    row = stats.bf16_clip_effect(
         torch.tensor([[-0.8180]]), torch.tensor([[-1.0]]), torch.tensor([1.0]),
         torch.ones(1, 1), GRPO,
     )  # fmt: skip
-    pooled = llm_claims.pool([row, row])
+    pooled = stats.pool([row, row])
     assert pooled["flips"]["toward_thm3"] == 2 and pooled["flips"]["p_value"] == 0.25
     assert pooled["verdict"].startswith("not shown above noise")
-    five = llm_claims.pool([row] * 5)
+    five = stats.pool([row] * 5)
     assert five["verdict"].startswith("shown") and five["noise_control"]["draws"] == 200
     assert 0 < five["noise_control"]["mean_net_toward"] < 5
 
