@@ -219,13 +219,14 @@ def markdown(report: dict) -> str:
         c, rows = report["bf16_clipping"], []
         for key, p in c["pooled"].items():
             f, b, fl, t = p["fp32"], p["bf16"], p["flips"], p["thm3_ratio_bias"]
+            ctrl = p["noise_control"]
             rows.append([
                 key.split("_")[1], p["tokens"], f"{p['mean_abs_log_ratio']:.3f}",
                 f"{f['clip_frac_high']:.4f} / {f['clip_frac_low']:.4f}",
                 f"{b['clip_frac_high']:.4f} / {b['clip_frac_low']:.4f}",
                 f"{fl['high_gained']} / {fl['high_lost']} / {fl['low_gained']} / {fl['low_lost']}",
                 "-" if fl["p_value"] is None else f"{fl['p_value']:.3g}",
-                f"{p['noise_control']['mean_net_toward']:+.1f} ({p['noise_control']['p_value']:.3g})",
+                f"{ctrl['mean_net_toward']:+.1f} ({ctrl['p_value']:.3g})",
                 f"{t['mean']:.1e} ± {t['stderr']:.1e} ({t['predicted']:.1e})",
             ])  # fmt: skip
         lines += [f"{c['algo']}, eps {c['eps_low']}/{c['eps_high']}, lr {c['lr']}, "
@@ -268,7 +269,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtypes", default=",".join(DTYPE_NAMES), help="sampler dtypes")
     p.add_argument("--mismatch-tasks", type=int, default=6)
     p.add_argument("--seed", type=int, default=0, help="the mismatch batch's seed")
-    p.add_argument("--micro", type=int, default=6, help="rows per scoring micro-batch")
+    p.add_argument(
+        "--micro", type=int, default=6, help="rows per micro-batch of the mismatch learner"
+    )
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--table", action="store_true", help="also print markdown tables")
     args = p.parse_args(argv)

@@ -32,10 +32,11 @@ def bf16_ulp(values: torch.Tensor) -> torch.Tensor:
 
 
 def thm3_ratio_bias(logprobs: torch.Tensor, old: torch.Tensor, mask: torch.Tensor) -> dict:
-    """Thm 3 (Sec. 4.1; its proof in the appendix "Proof of Theorem 3"): E[r_obs | r_true] =
-    r_true * E[exp(-delta)] ~ r_true * (1 + Var(delta) / 2), Var(delta) = (ulp_new^2 +
-    ulp_old^2) / 12 when both rounding errors are independent and uniform. Measured: the mean
-    of r_obs / r_true - 1 over tokens, its standard error, and that prediction."""
+    """Thm 3 (Sec. 4.1; appendix "Proof of Theorem 3 (BF16 Multiplicative Bias)"):
+    E[r_obs | r_true] = r_true * E[exp(-delta)] ~ r_true * (1 + Var(delta) / 2), with
+    Var(delta) = (ulp_new^2 + ulp_old^2) / 12 when both rounding errors are independent and
+    uniform. Measured: the mean of r_obs / r_true - 1 over tokens, its standard error, and
+    that prediction."""
     from entrogym.dtypes import bf16_round
 
     m = mask.bool()
@@ -58,10 +59,11 @@ def noise_control(
     draws: int,
     seed: int = 0,
 ) -> list[int]:
-    """The null for the flips: Thm 3's model of the rounding (independent errors uniform in
-    +-ulp/2 on each log-prob; its proof in the appendix "Proof of Theorem 3") drawn ``draws``
-    times as noise. Per draw: flips toward Thm 3 minus flips against. Its mean is what the
-    ratios' density around the clip bounds does with symmetric noise alone."""
+    """The null for the flips: the rounding model of Thm 3's proof (appendix "Proof of
+    Theorem 3 (BF16 Multiplicative Bias)": independent errors uniform in +-ulp/2 on each
+    log-prob) drawn ``draws`` times as noise. Per draw: flips toward Thm 3 minus flips
+    against. Its mean is what the ratios' density around the clip bounds does with symmetric
+    noise alone."""
     g = torch.Generator().manual_seed(seed)
     lo_e, hi_e = clip_decisions(logprobs, old, adv, mask, algo)
     new, prev = logprobs.double(), old.double()
