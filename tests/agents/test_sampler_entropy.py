@@ -91,3 +91,23 @@ def test_hf_engine_ignores_the_checkpoint_sampling_settings(tmp_path):
     out = sample_and_score(engine, model, SamplingParams(max_tokens=16), prompts=16)
     assert out["num_tokens"] >= 200 and abs(out["z"]) < ENTROPY_GAP_MAX_Z, out
     engine.close()
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_hf_engine_logprobs_are_the_raw_logits_log_softmax_at_each_sampled_id(
+    engine_and_model, temperature
+):
+    """The engine records log_softmax(raw logits)[id] step by step (not the tempered
+    distribution); teacher-forcing the model on each unpadded prompt + completion gives the
+    same numbers, for every row of a left-padded batch."""
+    engine, model = engine_and_model
+    prompts = [PROMPT, PROMPT[:4], PROMPT[2:]]
+    params = [SamplingParams(max_tokens=12, temperature=temperature, seed=3, stop_token_ids=[28])]
+    outs = engine.generate(prompts, params * len(prompts))
+    for prompt, out in zip(prompts, outs, strict=True):
+        assert len(out.logprobs) == len(out.token_ids) >= 1
+        ids = torch.tensor([prompt + out.token_ids])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+        want = torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt) :, None])[:, 0]
+        assert torch.allclose(torch.tensor(out.logprobs), want, atol=1e-4), (out, want)

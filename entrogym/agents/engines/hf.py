@@ -1,7 +1,9 @@
 """``transformers`` generate with a ``peft`` adapter: for tiny test models and machines without vLLM.
 
 Prompts are left-padded into one batch; the per-token log-probs are ``log_softmax`` of the
-model's raw logits at each sampled id (the same quantity vLLM reports by default).
+model's raw logits at each sampled id (the same quantity vLLM reports by default). They are
+taken step by step (``SampledLogprobs``) rather than from ``output_logits=True``, which keeps
+every step's [batch, vocab] logits until the end and made generation about a third slower.
 
 ``transformers`` fills every sampling setting left unset (None) from the checkpoint's
 ``generation_config`` and then from its global defaults, which include ``top_k=50``: a sampler
@@ -146,33 +148,62 @@ class HFEngine(Engine):
             do_sample=p.temperature > 0,
             max_new_tokens=max(q.max_tokens for q in params),
             eos_token_id=stops or None,
-            return_dict_in_generate=True,
-            output_logits=True,
         )
         if p.temperature > 0:
             # top_k=0 switches the filter off; None would mean transformers' default of 50.
             config.update(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k)
         if p.seed is not None:
             torch.manual_seed(p.seed)
-        gen = model.generate(
+        from transformers import LogitsProcessorList
+
+        recorder = SampledLogprobs()
+        sequences = model.generate(
             input_ids=input_ids.to(self.device),
             attention_mask=attention.to(self.device),
             generation_config=config,
+            logits_processor=LogitsProcessorList([recorder]),
         )
-        new = gen.sequences[:, width:].cpu()
-        logits = torch.stack(gen.logits, 1).float() if gen.logits else None
+        new = sequences[:, width:].cpu()
+        logprobs = recorder.finish(sequences).cpu()
         completions = []
         for row, q in enumerate(params):
             ids = new[row, : q.max_tokens].tolist()
             cut = next((i + 1 for i, t in enumerate(ids) if t in stops), None)
             ids = ids[:cut] if cut is not None else ids
-            if ids and logits is not None:
-                lp = torch.log_softmax(logits[row, : len(ids)], -1)
-                logprobs = lp.gather(-1, torch.tensor(ids)[:, None])[:, 0].tolist()
-            else:
-                logprobs = []
-            completions.append(Completion(ids, logprobs, "stop" if cut is not None else "length"))
+            lp = logprobs[row, : len(ids)].tolist()
+            completions.append(Completion(ids, lp, "stop" if cut is not None else "length"))
         return completions
+
+
+class SampledLogprobs:
+    """A logits processor that changes nothing and records log_softmax(raw logits)[sampled id].
+
+    ``generate`` calls it once per step with the raw logits (before temperature and top-k/p,
+    which come after user processors) and the ids so far; the id sampled from step t's logits
+    is the last id at step t + 1, so each call settles the previous step and ``finish`` the
+    last. Only one step's log-softmax is kept at a time.
+    """
+
+    def __init__(self) -> None:
+        self._pending: torch.Tensor | None = None  # the previous step's log-softmax [B, V]
+        self._steps: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self._settle(input_ids[:, -1:])
+        self._pending = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def _settle(self, sampled: torch.Tensor) -> None:
+        if self._pending is not None:
+            self._steps.append(self._pending.gather(-1, sampled.to(self._pending.device))[:, 0])
+            self._pending = None
+
+    def finish(self, sequences: torch.Tensor) -> torch.Tensor:
+        """[B, steps] log-probs of the generated ids (``sequences``: prompt + generated)."""
+        self._settle(sequences[:, -1:])
+        if not self._steps:
+            return torch.zeros((sequences.shape[0], 0))
+        return torch.stack(self._steps, dim=1)
 
 
 def _settings(p: SamplingParams) -> tuple:
