@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.demo_sweep import cell_name, parse_cell
-from entrogym.commands.demo import DemoOptions
+from entrogym.commands.demo import DemoOptions, build_parser
+from entrogym.commands.options import parse_options
 from entrogym.commands.demo import cli as demo_cli
 from entrogym.demo import DEFAULT_ITERATIONS, DEFAULT_RUNS, demo_config, parse_run
 
@@ -41,8 +42,9 @@ def test_bad_runs_are_refused_naming_the_problem(spec: str, needle: str, capsys)
 
 
 def test_defaults_meet_the_issue_floor_and_seed_is_an_option() -> None:
-    opts = DemoOptions(seeds=[7, 8])
-    assert opts.seeds == [7, 8] and opts.iterations == DEFAULT_ITERATIONS >= 15
+    opts = parse_options(build_parser(), ["--seeds", "7", "8", "--workers", "1"], DemoOptions)
+    assert opts.seeds == [7, 8] and opts.workers == 1
+    assert opts.iterations == DEFAULT_ITERATIONS >= 15
     with pytest.raises(ValueError, match="distinct"):
         DemoOptions(seeds=[1, 1])
     with pytest.raises(ValueError, match="workers"):
