@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from entrogym.agents.engines import ENGINE_KINDS, EngineKind
+from entrogym.agents.engines import ENGINE_KINDS, EngineKind, resolve_engine_kind
 from entrogym.dtypes import DTYPE_NAMES, DTypeName
 
 TURN_BUDGET_RULES = ("truncate", "step")
@@ -21,7 +21,10 @@ class AgentConfig:
 
     Args:
         model: built-in model name, local Hugging Face folder, or hub id.
-        engine: rollout engine: ``vllm`` (in-process), ``vllm-server`` (``engine_urls``), ``hf``.
+        engine: rollout engine: ``vllm`` (in-process), ``vllm-server`` (``engine_urls``),
+            ``hf``, or ``auto`` (the default): ``vllm`` where CUDA is available, else ``hf``
+            (faster to start and lighter on the CPUs measured, docs/performance.md). A config
+            holds the resolved kind.
         engine_urls: base URLs of running ``vllm serve`` instances (``vllm-server`` engine).
         engine_dtype: dtype of the rollout engine's weights (fp32, bf16 or fp16).
         request_timeout: seconds one request to a ``vllm serve`` may take before it is retried.
@@ -35,7 +38,7 @@ class AgentConfig:
     """
 
     model: str = "smollm2-135m-instruct"
-    engine: EngineKind = "vllm"
+    engine: EngineKind = "auto"
     engine_urls: list[str] = field(default_factory=list)
     engine_dtype: DTypeName = "bf16"
     request_timeout: float = 600.0
@@ -50,9 +53,11 @@ class AgentConfig:
         self.check_agent()
 
     def check_agent(self) -> None:
-        """Reject bad values with a ValueError naming the option."""
+        """Reject bad values with a ValueError naming the option; resolve ``engine: auto``."""
         if self.engine not in ENGINE_KINDS:
             raise ValueError(f"engine must be one of {list(ENGINE_KINDS)}, got {self.engine!r}")
+        if self.engine == "auto":
+            self.engine = "vllm-server" if self.engine_urls else resolve_engine_kind("auto")
         if self.engine_dtype not in DTYPE_NAMES:
             raise ValueError(
                 f"engine_dtype must be one of {list(DTYPE_NAMES)}, got {self.engine_dtype!r}"

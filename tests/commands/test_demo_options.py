@@ -8,8 +8,8 @@ import pytest
 
 from benchmarks.demo_sweep import cell_name, parse_cell
 from entrogym.commands.demo import DemoOptions, build_parser
-from entrogym.commands.options import parse_options
 from entrogym.commands.demo import cli as demo_cli
+from entrogym.commands.options import parse_options
 from entrogym.demo import DEFAULT_ITERATIONS, DEFAULT_RUNS, demo_config, parse_run
 
 
