@@ -86,16 +86,18 @@ def train_one(config: Any) -> dict[str, Any]:
 
 def plan_jobs(out: Path, runs: list[str], seeds: list[int], iterations: int, lr: float,
               eval_tasks: int, *, workers: int, engine: str | None = None) -> list[Job]:  # fmt: skip
-    """The base model's evaluation first (shortest), then every run for every seed."""
+    """Every run for every seed, then the base model's evaluation (the shortest job, so it
+    fills the gap a fast-collapsing run leaves; none when ``eval_tasks`` is 0)."""
     threads = max(1, (os.cpu_count() or 1) // workers)
     kind = engine or AGENT.engine
-    jobs = [Job("base model", seeds[0], threads, eval_tasks=eval_tasks, engine=kind)]
-    jobs = jobs if eval_tasks else []  # eval_tasks=0: no held-out evaluation at all
+    jobs = []
     for seed in seeds:
         for label, folder, algo in map(parse_run, runs):
             config = demo_config(algo, out / f"seed{seed}", iterations, lr, eval_tasks,
                                  seed=seed, engine=kind, name=folder, threads=threads)  # fmt: skip
             jobs.append(Job(label, seed, threads, config))
+    if eval_tasks:
+        jobs.append(Job("base model", seeds[0], threads, eval_tasks=eval_tasks, engine=kind))
     return jobs
 
 
