@@ -25,7 +25,7 @@ SYSTEM_PROMPT = "You are a careful calculator. Answer with the final number in \
 # ends at <= FALL of its own, on every seed.
 KEEP, FALL = 0.7, 0.5
 # The runs, iterations, learning rate and seeds of ``make demo`` (the sweep in docs/demo.md).
-DEFAULT_RUNS = ("grpo", "repo-r:zeta_init=0.5:zeta_max=1")
+DEFAULT_RUNS = ("grpo", "repo-r:zeta_init=0.1:zeta_max=0.2:zeta_factor=1.25")
 DEFAULT_ITERATIONS = 15
 DEFAULT_LR = 1e-3
 DEFAULT_SEEDS = (0,)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -102,23 +101,19 @@ def plan_jobs(out: Path, runs: list[str], seeds: list[int], iterations: int, lr:
 
 
 def run_jobs(jobs: list[Job], workers: int) -> list[dict[str, Any]]:
-    """Run ``jobs`` on ``workers`` processes (in this one when 1), printing each as it ends.
-    The first failure cancels the jobs not started and is raised."""
+    """Run ``jobs`` on ``workers`` fresh processes (in this one when 1), printing each as it
+    ends. The first failure, or Ctrl-C, terminates the workers and is raised."""
     if workers == 1:
         return [_announce(job, run_job(job)) for job in jobs]
     results: dict[int, dict[str, Any]] = {}
-    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-        pending = {pool.submit(run_job, job): i for i, job in enumerate(jobs)}
-        try:
-            while pending:
-                done, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for future in done:
-                    i = pending.pop(future)
-                    results[i] = _announce(jobs[i], future.result())
-        except BaseException:
-            for future in pending:
-                future.cancel()
-            raise
+    # one process per job (maxtasksperchild=1): each starts with its own threads and engine;
+    # leaving the with-block terminates the pool, so an error does not wait for other runs
+    with get_context("spawn").Pool(workers, maxtasksperchild=1) as pool:
+        pending = {i: pool.apply_async(run_job, (job,)) for i, job in enumerate(jobs)}
+        while pending:
+            for i in [i for i, result in pending.items() if result.ready()]:
+                results[i] = _announce(jobs[i], pending.pop(i).get())  # re-raises its error
+            time.sleep(0.2)
     return [results[i] for i in range(len(jobs))]
 
 
