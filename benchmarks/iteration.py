@@ -221,7 +221,33 @@ def main(argv: list[str] | None = None) -> int:
         report["rss_vs_trl"] = round(mine["peak_rss_mb"] / trl["peak_rss_mb"], 3)
         report["trl"] = trl
     print(json.dumps(report, indent=1))
+    print(table(report), file=sys.stderr)  # for people; stdout stays one JSON document
     return 0
+
+
+def table(report: dict) -> str:
+    """The report as a markdown table: one row per framework, then the ratios."""
+    rows = [("entrogym", report["entrogym"])] + (
+        [("TRL", report["trl"])] if "trl" in report else []
+    )
+    lines = ["| framework | s / iter (median) | per repetition | peak RSS MB | start-up s |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for name, r in rows:
+        reps = ", ".join(f"{x:.1f}" for x in r["seconds_per_iteration"])
+        lines.append(f"| {name} | {r['median_seconds_per_iteration']:.1f} | {reps} | "
+                     f"{r['peak_rss_mb']:.0f} | {r['startup_s']:.1f} |")  # fmt: skip
+    mine = report["entrogym"]
+    if "phases_s" in mine:
+        phases = ", ".join(f"{k} {v:.2f}" for k, v in mine["phases_s"].items())
+        lines.append(f"\nentrogym phases (s): {phases}")
+        lines.append(f"learner_ceiling_fraction {report['learner_ceiling_fraction']:.2f} "
+                     f"({mine['learner_gflops_per_s']:.0f} GFLOP/s; ceilings "
+                     f"{ {k: round(v) for k, v in mine['ceiling_gflops'].items()} })")  # fmt: skip
+    if "speedup_vs_trl" in report:
+        lines.append(f"speedup_vs_trl {report['speedup_vs_trl']:.2f} "
+                     f"(per repetition {report['speedup_vs_trl_per_rep']}), "
+                     f"rss_vs_trl {report['rss_vs_trl']:.2f}")  # fmt: skip
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

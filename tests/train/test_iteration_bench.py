@@ -81,3 +81,20 @@ def test_worker_times_every_phase_of_a_real_iteration(tmp_path):
     # the wrappers change no math: the trainer's own mismatch against the sampler stays tiny
     assert it["sampler_mismatch"] < 1e-4
     assert out["threads"] == 1 and out["startup_s"] > 0
+
+
+def test_table_shows_both_frameworks_and_the_ratios():
+    def side(seconds, rss):
+        return {"seconds_per_iteration": [seconds, seconds + 1], "peak_rss_mb": rss,
+                "median_seconds_per_iteration": seconds, "startup_s": 6.0}  # fmt: skip
+
+    mine = side(19.4, 4051) | {"phases_s": {"generation": 8.2}, "learner_gflops_per_s": 145.0,
+                               "ceiling_gflops": {"fp32": 363.9, "bf16": 2224.1}}  # fmt: skip
+    report = {"entrogym": mine, "trl": side(24.6, 2818), "learner_ceiling_fraction": 0.39,
+              "speedup_vs_trl": 1.27, "speedup_vs_trl_per_rep": [1.4, 1.27], "rss_vs_trl": 1.44}  # fmt: skip
+    text = iteration.table(report)
+    assert "| entrogym | 19.4 | 19.4, 20.4 | 4051 | 6.0 |" in text
+    assert "| TRL | 24.6 |" in text and "speedup_vs_trl 1.27" in text
+    assert "generation 8.20" in text and "'fp32': 364" in text
+    del report["trl"], report["speedup_vs_trl"]
+    assert "TRL" not in iteration.table(report)
