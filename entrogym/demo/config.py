@@ -28,7 +28,7 @@ KEEP, FALL = 0.7, 0.5
 DEFAULT_RUNS = ("grpo", "repo-r:zeta_init=0.1:zeta_max=0.2:zeta_factor=1.25")
 DEFAULT_ITERATIONS = 15
 DEFAULT_LR = 1e-3
-DEFAULT_SEEDS = (0,)
+DEFAULT_SEEDS = (0, 1)
 # Tasks x samples per iteration; half of them per minibatch (two optimizer steps).
 TASKS, SAMPLES = 6, 4
 # The rollout settings every part of the demo shares (the base model's eval and all runs).

@@ -45,6 +45,7 @@ def test_report_says_per_seed_what_held_and_flags_overshoots() -> None:
     records[1].update(entropy=[2.0, 7.0, 2.0], entropy_ratio=1.0)  # rose, then came back
     text = report(summary(records))
     assert "HELD" in text and "ROSE to 3.50x" in text
+    assert "overshot on 1 of 1 seeds: met by the goal's letter, not entropy preservation" in text
     no_eval = summary([{**records[0], "accuracy_first": None, "accuracy_after": None}])
     no_eval["accuracy_before"] = None
     assert "base model: -" in report(no_eval) and "goal not checked" in report(no_eval)
