@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-# The demo's GRPO configuration (entrogym/demo.py: demo_config); both workers read it.
+# The demo's GRPO configuration (entrogym/demo/config.py: demo_config); both workers read it.
 DEMO = {
     "tasks": 6,
     "samples": 4,

@@ -1,7 +1,7 @@
 """Generated tokens per second, start-up and peak RSS of the ``vllm`` and ``hf`` engines on
 the demo's rollout shapes.
 
-The prompts are the demo's (``entrogym/demo.py``): the chat-formatted first observations of
+The prompts are the demo's (``entrogym/demo/config.py``): the chat-formatted first observations of
 ``--tasks`` arithmetic tasks with the demo's system prompt, each repeated ``--k`` times and
 sampled at temperature 1 with a ``--budget``-token limit in one batch (as one lockstep rollout
 turn is), with the engine settings the demo uses (``AGENT.engine_kwargs()``: fp32, 256-token
