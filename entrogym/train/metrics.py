@@ -15,6 +15,7 @@ import json
 import math
 import os
 import sys
+import time
 import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -142,6 +143,7 @@ class MetricsLogger:
             purge = None
             if resume_rows is not None:
                 purge = max((int(r.get("step", -1)) for r in kept), default=-1) + 1
+                _wait_for_a_later_second(self.run_dir / TB_DIR)
             self._tb = SummaryWriter(str(self.run_dir / TB_DIR), purge_step=purge)
 
     def _open_existing(self, resume_rows: int | None) -> list[dict[str, Any]]:
@@ -253,3 +255,17 @@ def summary_line(row: dict[str, Any]) -> str:
         f"clip_high={row.get('clip_frac_high', 0):.3f}{zeta}{eps} "
         f"rollout={row['rollout_s']:.1f}s update={row['update_s']:.1f}s"
     )
+
+
+def _wait_for_a_later_second(tb_dir: Path) -> None:
+    """Sleep (under a second) until the clock is past every event file's second in ``tb_dir``.
+
+    TensorBoard reads event files in name order and applies a resume's ``purge_step`` only to
+    events read before it. Names are ``events.out.tfevents.<second>.<host>.<pid>.<n>`` with an
+    unpadded counter ``n``, so two files from one process in one second can sort the wrong way
+    (``...9`` after ``...10``) and the old steps would survive the purge.
+    """
+    seconds = [int(f.name.split(".")[3]) for f in tb_dir.glob("events.out.tfevents.*")
+               if f.name.split(".")[3].isdigit()]  # fmt: skip
+    while seconds and time.time() < max(seconds) + 1:
+        time.sleep(max(seconds) + 1 - time.time())

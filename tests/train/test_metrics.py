@@ -87,6 +87,12 @@ def _scalars(tb_dir) -> EventAccumulator:
 
 
 def test_tensorboard_scalars_match_the_rows_and_resume_purges(tmp_path):
+    # Event files are named ...<second>.<host>.<pid>.<counter>, the counter unpadded: start
+    # at 9 so that a resume in the same second would be named ...10 and sort first.
+    from tensorboard.summary.writer import event_file_writer
+
+    while event_file_writer._global_uid.get() < 8:
+        pass
     with MetricsLogger(tmp_path) as log:
         for it in range(1, 6):
             row = _row(it, 1.0 + it) | {"timing": {"rollout_s": 0.5 * it}, "zeta": None}
