@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ CELL_KEYS = ("lr", "iters", "seed", "engine", "eval_tasks", "threads")
 
 def parse_cell(text: str) -> dict[str, Any]:
     """``preset:key=value:...`` -> settings; keys other than CELL_KEYS are preset knobs."""
-    from entrogym.demo.config import knob_value
+    from entrogym.algos.presets import parse_knob_value
 
     name, *pairs = text.split(":")
     cell: dict[str, Any] = {"algo": {"name": name}, "lr": 1e-3, "iters": 15, "seed": 0,
@@ -37,7 +36,7 @@ def parse_cell(text: str) -> dict[str, Any]:
         if key in CELL_KEYS:
             cell[key] = value if key == "engine" else float(value)
         else:
-            cell["algo"][key] = knob_value(value)
+            cell["algo"][key] = parse_knob_value(key, value)
     cell["iters"], cell["seed"] = int(cell["iters"]), int(cell["seed"])
     cell["eval_tasks"] = int(cell["eval_tasks"])
     cell["threads"] = None if cell["threads"] is None else int(cell["threads"])
@@ -57,9 +56,9 @@ def cell_name(cell: dict[str, Any]) -> str:
 
 
 def run_cell(cell: dict[str, Any], out: Path) -> dict[str, Any]:
-    """Train one cell through the real trainer; its per-iteration record."""
-    from entrogym.demo import demo_config
-    from entrogym.train import train
+    """Train one cell through the demo's own runner (``train_one``); its per-iteration record,
+    with the controller and timing columns the sweep's tables also show."""
+    from entrogym.demo import demo_config, train_one
     from entrogym.train.metrics import read_metrics
 
     name = cell_name(cell)
@@ -67,28 +66,17 @@ def run_cell(cell: dict[str, Any], out: Path) -> dict[str, Any]:
     cfg = demo_config(cell["algo"], out / "runs", cell["iters"], cell["lr"], cell["eval_tasks"],
                       seed=cell["seed"], engine=cell["engine"], name=name,
                       threads=cell["threads"])  # fmt: skip
-    start = time.perf_counter()
-    run_dir = train(cfg)
-    wall = time.perf_counter() - start
-    rows = read_metrics(run_dir)
+    run = train_one(cfg)
+    rows = read_metrics(Path(run["folder"]))
     rows_t = [r for r in rows if r.get("kind", "train") == "train"]
-    evals = [r for r in rows if r.get("kind") == "eval"]
-    entropy = [r["entropy"] for r in rows_t]
+    per_iteration = ("eps_high", "clip_frac_high", "rollout_s", "update_s", "tokens_per_s")
     return {
         "name": name,
         **cell,
-        "wall_s": wall,
-        "entropy": entropy,
-        "entropy_ratio": entropy[-1] / entropy[0],
-        "entropy_min_ratio": min(entropy) / entropy[0],
-        "reward": [r["reward_mean"] for r in rows_t],
-        "zeta": [r.get("zeta") for r in rows_t],
-        "eps_high": [r.get("eps_high") for r in rows_t],
-        "clip_frac_high": [r.get("clip_frac_high") for r in rows_t],
-        "rollout_s": [r.get("rollout_s") for r in rows_t],
-        "update_s": [r.get("update_s") for r in rows_t],
-        "tokens_per_s": [r.get("tokens_per_s") for r in rows_t],
-        "accuracy": {int(r["iteration"]): r["pass@1"] for r in evals},
+        **{k: run[k] for k in ("wall_s", "entropy", "entropy_ratio", "reward", "zeta")},
+        "entropy_min_ratio": min(run["entropy"]) / run["entropy"][0],
+        **{key: [r.get(key) for r in rows_t] for key in per_iteration},
+        "accuracy": {int(r["iteration"]): r["pass@1"] for r in rows if r.get("kind") == "eval"},
     }
 
 

@@ -47,3 +47,5 @@ TINY_RUN = dict(
     on_turn_budget="step",
     max_context_tokens=256,
 )
+# The same without env and algo, for tests that name their own.
+TINY_SETTINGS = {k: v for k, v in TINY_RUN.items() if k not in ("env", "algo")}

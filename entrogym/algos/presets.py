@@ -10,6 +10,7 @@ the knobs of its control: ``zeta_max`` is a knob of ``repo-r``, not of ``grpo``.
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass, fields, replace
 from typing import Literal, get_args
 
@@ -177,3 +178,33 @@ def preset_knobs(name: str) -> tuple[str, ...]:
 def presets_with(knob: str) -> list[str]:
     """The presets that have ``knob`` (e.g. ``repo_centering``: repo-r, repo-d)."""
     return [name for name, preset in ALGORITHMS.items() if knob in preset.knobs]
+
+
+def parse_knob_value(knob: str, text: str) -> object:
+    """``text`` converted to the type of ``AlgorithmConfig.<knob>`` ("none" for optional ones)."""
+    hints = typing.get_type_hints(AlgorithmConfig)
+    if knob not in hints:
+        raise ValueError(f"unknown preset knob {knob!r}; known: {', '.join(sorted(hints))}")
+    return convert(knob, text, hints[knob])
+
+
+def convert(name: str, text: str, hint: object) -> object:
+    """``text`` as a value of type ``hint`` (int, float, str, bool, or Optional of those)."""
+    text = str(text).strip()
+    args = typing.get_args(hint)
+    if type(None) in args:
+        if text.lower() in ("none", "null"):
+            return None
+        hint = next(a for a in args if a is not type(None))
+    try:
+        if hint is bool:
+            if text.lower() not in ("true", "false"):
+                raise ValueError
+            return text.lower() == "true"
+        if hint in (int, float):
+            return hint(text)
+    except ValueError:
+        raise ValueError(
+            f"{name}: cannot read {text!r} as {getattr(hint, '__name__', hint)}"
+        ) from None
+    return text

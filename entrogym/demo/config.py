@@ -90,29 +90,21 @@ def demo_config(
     )
 
 
-def knob_value(text: str) -> float | str:
-    """A knob's value as written after ``=``: a number, else a word (``repo_centering=exact``)."""
-    try:
-        return float(text)
-    except ValueError:
-        return text
-
-
 def parse_run(spec: str) -> tuple[str, str, dict[str, Any]]:
     """``preset`` or ``preset:knob=value:...`` -> (label, folder name, algo dict).
 
     The presets keep the paper's values; a knob makes a labelled variant, e.g.
     ``repo-r:zeta_init=0.05:zeta_max=0.5`` -> ``repo-r (zeta_init=0.05, zeta_max=0.5)``.
     Unknown presets and knobs, and values a knob does not take, raise ValueError naming them."""
-    from entrogym.algos.presets import get_algorithm
+    from entrogym.algos.presets import get_algorithm, parse_knob_value
 
     name, *pairs = spec.split(":")
-    knobs: dict[str, float | str] = {}
+    knobs: dict[str, object] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not value:
             raise ValueError(f"algos: {spec!r}: write each knob as knob=VALUE, got {pair!r}")
-        knobs[key] = knob_value(value)
+        knobs[key] = parse_knob_value(key, value)  # typed as the knob (float, int, word)
     get_algorithm(name, **knobs)  # ValueError naming an unknown preset, knob or bad value
     if not knobs:
         return name, name, {"name": name}

@@ -10,42 +10,16 @@ themselves keep the paper's values; variants only scale a few knobs to the toy.
 from __future__ import annotations
 
 import re
-import typing
 
 from entrogym.algos import presets
-from entrogym.algos.presets import AlgorithmConfig, preset_knobs
+from entrogym.algos.presets import AlgorithmConfig, convert, parse_knob_value, preset_knobs
+
+__all__ = [
+    "convert", "get_algorithm", "parse_knob_value", "parse_variant", "preset_knobs",
+    "variant_label",
+]  # fmt: skip
 
 _LABEL = re.compile(r"^\s*([A-Za-z0-9_.-]+)\s*(?:\((.*)\))?\s*$")
-
-
-def parse_knob_value(knob: str, text: str) -> object:
-    """``text`` converted to the type of ``AlgorithmConfig.<knob>`` ("none" for optional ones)."""
-    hints = typing.get_type_hints(AlgorithmConfig)
-    if knob not in hints:
-        raise ValueError(f"unknown preset knob {knob!r}; known: {', '.join(sorted(hints))}")
-    return convert(knob, text, hints[knob])
-
-
-def convert(name: str, text: str, hint: object) -> object:
-    """``text`` as a value of type ``hint`` (int, float, str, bool, or Optional of those)."""
-    text = str(text).strip()
-    args = typing.get_args(hint)
-    if type(None) in args:
-        if text.lower() in ("none", "null"):
-            return None
-        hint = next(a for a in args if a is not type(None))
-    try:
-        if hint is bool:
-            if text.lower() not in ("true", "false"):
-                raise ValueError
-            return text.lower() == "true"
-        if hint in (int, float):
-            return hint(text)
-    except ValueError:
-        raise ValueError(
-            f"{name}: cannot read {text!r} as {getattr(hint, '__name__', hint)}"
-        ) from None
-    return text
 
 
 def parse_variant(label: str) -> tuple[str, dict[str, object]]:

@@ -9,10 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from vowel_env import TINY_RUN
 
 from entrogym.demo.run import Job, run_jobs
 from entrogym.train.config import TrainConfig
-from tests.vowel_env import TINY_RUN
 
 
 def tiny(out: Path, seed: int, **extra) -> TrainConfig:

@@ -8,6 +8,7 @@ import math
 
 import gymnasium as gym
 import pytest
+from vowel_env import TINY_SETTINGS
 
 from entrogym.agents.episode import EnvErrorBudgetExceeded
 from entrogym.envs import UnicodeText
@@ -15,19 +16,8 @@ from entrogym.train.config import TrainConfig
 from entrogym.train.metrics import read_metrics
 from entrogym.train.trainer import train
 
-TINY = dict(
-    model="tiny-random-llama",
-    engine="hf",
-    engine_dtype="fp32",
-    iterations=1,
-    tasks_per_iter=4,
-    samples=2,
-    early_stop_min_per_task=2,
-    early_stop_fraction=1.0,
-    max_response_tokens=4,
-    max_context_tokens=128,
-    on_turn_budget="step",  # a cut turn still reaches env.step
-)
+# a cut turn (on_turn_budget "step") still reaches env.step
+TINY = TINY_SETTINGS | dict(iterations=1, tasks_per_iter=4, max_context_tokens=128)
 
 
 class HalfBroken(gym.Env):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from lora_policy import randomise_lora_b
 
 from entrogym.train.logprobs import LAYOUTS, sequence_logprobs, sequence_logprobs_and_entropy
 from entrogym.train.policy import apply_lora, load_base_model
@@ -14,18 +15,10 @@ LOGP_TOL = 1e-6
 GRAD_RTOL = 1e-5
 
 
-def _randomise_lora_b(model: torch.nn.Module, seed: int = 1) -> None:
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=gen) * 0.05)
-
-
 @pytest.fixture(scope="module", params=["tiny-random-llama", "tiny-random-qwen3"])
 def policy(request):
     model = apply_lora(load_base_model(request.param), seed=0)
-    _randomise_lora_b(model)
+    randomise_lora_b(model)
     return model
 
 

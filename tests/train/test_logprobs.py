@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from lora_policy import randomise_lora_b
 
 from entrogym.models import resolve_model
 from entrogym.train.logprobs import (
@@ -19,15 +20,6 @@ from entrogym.train.logprobs import (
 from entrogym.train.policy import apply_lora, load_base_model
 
 TOL = 1e-5
-
-
-def _randomise_lora_b(model: torch.nn.Module, seed: int = 1) -> None:
-    """peft starts B at 0 (adapter is a no-op); give it values so LoRA changes the outputs."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=gen) * 0.05)
 
 
 def _batch(vocab: int = 49152, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,7 +43,7 @@ def _fp64_reference(model, ids, mask) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.fixture(scope="module", params=["tiny-random-llama", "tiny-random-qwen3"])
 def lora_tiny(request):
     model = apply_lora(load_base_model(request.param), seed=0)
-    _randomise_lora_b(model)
+    randomise_lora_b(model)
     return model
 
 
@@ -83,7 +75,7 @@ def test_left_padding_matches_unpadded(lora_tiny):
 
 def test_smollm2_agreement_with_lora():
     model = apply_lora(load_base_model("smollm2-135m-instruct"), seed=0)
-    _randomise_lora_b(model)
+    randomise_lora_b(model)
     ids, mask = _batch(seed=3)
     out = sequence_logprobs(model, ids[:, :16], mask[:, :16])
     ref, valid = _fp64_reference(model, ids[:, :16], mask[:, :16])
@@ -343,7 +335,7 @@ def test_resolve_model_path_is_used_by_policy_loader():
 @pytest.mark.gpu
 def test_cce_kernel_on_cuda_agrees_and_keeps_the_softmax_fix():
     model = apply_lora(load_base_model("tiny-random-qwen3", device="cuda"), seed=0)
-    _randomise_lora_b(model)
+    randomise_lora_b(model)
     ids, mask = (x.cuda() for x in _batch())
     out = sequence_logprobs(model, ids, mask, impl="cce")
     ref, valid = _fp64_reference(model, ids, mask)

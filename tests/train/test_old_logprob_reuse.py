@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from lora_policy import randomise_lora_b
 
 from entrogym.agents.episode import Episode
 from entrogym.algos import UpdateBatch, get_algorithm, make_control, policy_update
@@ -20,13 +21,7 @@ from entrogym.train.policy import apply_lora, load_base_model, trainable_paramet
 
 @pytest.fixture(scope="module")
 def model() -> torch.nn.Module:
-    policy = apply_lora(load_base_model("tiny-random-llama"), seed=0)
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():  # peft starts B at 0; give LoRA an effect
-        for name, param in policy.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=gen) * 0.05)
-    return policy
+    return randomise_lora_b(apply_lora(load_base_model("tiny-random-llama"), seed=0), seed=1)
 
 
 def _batch() -> Batch:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-import vowel_env  # noqa: F401  (registers test/Vowel-v0 and test/Const-v0)
+from vowel_env import TINY_SETTINGS  # importing it registers test/Vowel-v0, test/Const-v0
 
 from entrogym.algos.presets import ALGORITHMS
 from entrogym.commands.train import parse_config
@@ -20,19 +20,11 @@ from entrogym.train.config import TrainConfig
 from entrogym.train.metrics import read_metrics
 from entrogym.train.trainer import train
 
-SMALL = dict(
-    model="tiny-random-llama",
-    engine="hf",
-    engine_dtype="fp32",
+SMALL = TINY_SETTINGS | dict(
     iterations=2,
-    tasks_per_iter=2,
     samples=3,
     early_stop_min_per_task=3,
-    early_stop_fraction=1.0,
-    max_response_tokens=4,
-    on_turn_budget="step",
     micro_batch_size=4,  # 6 trajectories: two micro-batches, so accumulation runs
-    max_context_tokens=256,
     lr=1e-2,
     max_grad_norm=1.0,
 )
@@ -176,20 +168,12 @@ def test_smollm2_with_the_vllm_engine(tmp_path):
     from entrogym.demo import ENV, ENV_KWARGS, SYSTEM_PROMPT
 
     cfg = TrainConfig(
+        **TINY_SETTINGS
+        | dict(model="smollm2-135m-instruct", engine="vllm", max_response_tokens=16),
         env=ENV,
         env_kwargs=ENV_KWARGS,
         algo="repo-r",
-        model="smollm2-135m-instruct",
-        engine="vllm",
-        engine_dtype="fp32",
         iterations=1,
-        tasks_per_iter=2,
-        samples=2,
-        early_stop_min_per_task=2,
-        early_stop_fraction=1.0,
-        max_response_tokens=16,
-        max_context_tokens=256,
-        on_turn_budget="step",
         micro_batch_size=2,
         system_prompt=SYSTEM_PROMPT,
         eval_env=ENV,
