@@ -193,18 +193,18 @@ def scoped_env(updates: dict[str, str | None]) -> Iterator[None]:
     inherit them, and restore this process's environment afterwards."""
     old = {key: os.environ.get(key) for key in updates}
     try:
-        for key, value in updates.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        _set_env(updates)
         yield
     finally:
-        for key, value in old.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        _set_env(old)
+
+
+def _set_env(values: dict[str, str | None]) -> None:
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 def local_server_args(
