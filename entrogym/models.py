@@ -14,10 +14,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import importlib.util
+import io
 import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -218,6 +220,34 @@ def _locked(lock_path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+@contextlib.contextmanager
+def quiet_build() -> Iterator[None]:
+    """No progress bars or chatter on stderr while a built-in model is built into the cache.
+
+    A first use builds the model; without this, transformers' "Writing model shards" and
+    GGUF-conversion bars go to stderr, so what a user sees (a one-line error, say) would depend
+    on whether the cache was warm. The GGUF bar is a bare ``tqdm`` that no transformers setting
+    reaches, so stderr is captured too; if the build fails, what it wrote is shown after all.
+    """
+    from transformers.utils import logging as hf_logging
+
+    bars_were_on = hf_logging.is_progress_bar_enabled()
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            yield
+    except BaseException:
+        sys.stderr.write(captured.getvalue())
+        raise
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars_were_on:
+            hf_logging.enable_progress_bar()
+
+
 def _is_current(folder: Path) -> bool:
     try:
         return json.loads((folder / MARKER).read_text())["recipe_version"] == RECIPE_VERSION
@@ -243,7 +273,8 @@ def _prepare(
         # reader never sees a half-written folder.
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=final.parent))
         try:
-            build(tmp, root)
+            with quiet_build():
+                build(tmp, root)
             tmp.chmod(0o755)  # mkdtemp makes it private; the cache is meant to be shared
             (tmp / MARKER).write_text(
                 json.dumps({"name": name, "recipe_version": RECIPE_VERSION}, indent=1)

@@ -35,7 +35,11 @@ def test_prepare_smollm2_from_gguf_in_a_fresh_cache(tmp_path, capsys):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     assert model_cli(["prepare", "smollm2-135m-instruct", "--cache-dir", str(tmp_path)]) == 0
-    folder = Path(capsys.readouterr().out.strip())
+    printed = capsys.readouterr()
+    # A first build is silent on stderr (no GGUF or shard-writing progress bars), so what a
+    # user sees on a cold cache is what they see on a warm one.
+    assert printed.err == ""
+    folder = Path(printed.out.strip())
     assert folder == tmp_path / "models" / "smollm2-135m-instruct"
     assert all((folder / name).is_file() for name in HF_FILES)
     assert not [p for p in folder.parent.iterdir() if p.name.startswith(".") and p.is_dir()]
@@ -56,6 +60,17 @@ def test_prepare_smollm2_from_gguf_in_a_fresh_cache(tmp_path, capsys):
     out = model.generate(**prompt, max_new_tokens=8, do_sample=False)
     # Wrongly dequantised weights (e.g. q/k permutation) would not produce this.
     assert "Paris" in tok.decode(out[0, prompt["input_ids"].shape[1] :])
+
+
+def test_a_failing_build_shows_what_it_wrote(tmp_path, capsys):
+    def noisy_failure(out_dir: Path, cache_root: Path) -> None:
+        print("converting tensors: 10%", file=sys.stderr)
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        models._prepare(tmp_path, "models", "broken", noisy_failure)
+    assert "converting tensors: 10%" in capsys.readouterr().err
+    assert not (tmp_path / "models" / "broken").exists()
 
 
 def test_tiny_models_are_seeded_and_tied_or_not(tmp_path):

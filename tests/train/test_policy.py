@@ -91,10 +91,19 @@ def test_bad_dtype_and_device_raise(monkeypatch):
         with pytest.raises(ValueError, match="CUDA is not available"):
             check_device_dtype("cuda", torch.float32)
 
+    # Both CPU cases are set up explicitly, so the test does not depend on this machine's CPU.
+    monkeypatch.setattr(precision, "cpu_has_native", lambda dtype, flags=None: False)
+    with pytest.raises(
+        ValueError, match="this CPU has no native fp16 arithmetic.*use dtype='fp32'"
+    ):
+        load_policy("tiny-random-llama", dtype="fp16")
+
     def no_fp16(dtype, device):
         raise RuntimeError(f'"addmm" not implemented for {dtype}')
 
-    monkeypatch.setattr(precision, "_probe", no_fp16)  # a device without fp16 kernels
+    # a CPU that claims native fp16 but whose kernels are missing
+    monkeypatch.setattr(precision, "cpu_has_native", lambda dtype, flags=None: True)
+    monkeypatch.setattr(precision, "_probe", no_fp16)
     with pytest.raises(ValueError, match="dtype='fp16' cannot run on device cpu.*use dtype='fp32'"):
         load_policy("tiny-random-llama", dtype="fp16")
 
