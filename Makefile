@@ -3,7 +3,8 @@ PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-stamp
-EXTRA ?= cpu,dev
+# Every optional integration is installed, so the tests run on the real packages.
+EXTRA ?= cpu,dev,reasoning-gym,textarena,wandb,trackio,mlflow
 
 .PHONY: setup appworld-setup test demo lint clean theory
 

@@ -42,6 +42,18 @@ def check_env_id(env_id: str, option: str = "env") -> None:
         ) from exc
 
 
+def check_env_builds(env_id: str, env_kwargs: dict[str, Any], option: str = "env") -> None:
+    """The env can be made with ``env_kwargs`` (an unknown dataset or game, a missing extra, a
+    bad keyword): one ValueError line, before the run folder is made or a model loads."""
+    from entrogym.envs.base import make_text_env
+
+    try:
+        env = make_text_env(env_id, **env_kwargs)
+    except (TypeError, FileNotFoundError) as exc:  # not a text env; a bad keyword; no data
+        raise ValueError(f"{option} {env_id!r}: {exc}") from exc
+    env.close()
+
+
 def check_model(model: str, served: bool = False) -> None:
     """``model`` is a built-in name, a Hugging Face folder or an ``org/name`` hub id (a served
     model, ``--engine-urls``, is whatever name the server gives it)."""
@@ -104,6 +116,9 @@ def check_run_inputs(config: Any) -> None:
     check_env_id(config.env, "env")
     if config.eval_env is not None:
         check_env_id(config.eval_env, "eval_env")
+    check_env_builds(config.env, config.env_kwargs, "env")
+    if config.eval_env is not None:
+        check_env_builds(config.eval_env, config.eval_env_kwargs, "eval_env")
     check_model(config.model, served=bool(config.engine_urls))
     check_writable_dir(config.out, "out")
     if config.model in BUILTIN_MODELS and not config.engine_urls:

@@ -14,6 +14,8 @@ entrogym/AIMETrain-v0     AIME 1983-2023 (918 problems, split ``train``)
 entrogym/Arithmetic-v0    generated +/- problems (splits ``train`` and ``test``)
 entrogym/Bandit-v0        tabular softmax bandit lab
 entrogym/AppWorld-v0      AppWorld tasks (multi-turn, tool use)
+entrogym/ReasoningGym-v0  a reasoning-gym dataset or a weighted mix (``reasoning-gym`` extra)
+entrogym/TextArena-v0     a single-player TextArena game, multi-turn (``textarena`` extra)
 ========================  =====================================================================
 """
 
@@ -52,6 +54,8 @@ _BUILTINS: dict[str, tuple[str, dict]] = {
     "entrogym/Arithmetic-v0": ("entrogym.envs.arithmetic:ArithmeticEnv", {}),
     "entrogym/Bandit-v0": ("entrogym.envs.bandit:BanditEnv", {}),
     "entrogym/AppWorld-v0": ("entrogym.envs.appworld.env:AppWorldEnv", {}),
+    "entrogym/ReasoningGym-v0": ("entrogym.envs.reasoning_gym_env:ReasoningGymEnv", {}),
+    "entrogym/TextArena-v0": ("entrogym.envs.textarena_env:TextArenaEnv", {}),
 }
 
 BUILTIN_ENV_IDS: tuple[str, ...] = tuple(_BUILTINS)

@@ -23,12 +23,20 @@ from entrogym.envs import (
     make_text_env,
 )
 
+# The envs that need an argument (tests/envs/test_reasoning_gym_env.py and
+# test_textarena_env.py check many more of their datasets and games).
+BUILTIN_KWARGS = {
+    "entrogym/ReasoningGym-v0": {"dataset": "leg_counting", "size": 4, "test_size": 2},
+    "entrogym/TextArena-v0": {"game": "TowerOfHanoi-v0", "num_train": 3, "num_test": 2},
+}
+
 
 @pytest.mark.parametrize("env_id", BUILTIN_ENV_IDS)
 def test_builtin_envs_pass(env_id: str) -> None:
     if env_id == "entrogym/AppWorld-v0":
         pytest.skip("needs .venv-appworld and a world; checked in tests/envs/test_appworld.py")
-    env = make_text_env(env_id)  # gymnasium.make: wrapped in Gymnasium's own wrappers
+    # gymnasium.make: wrapped in Gymnasium's own wrappers
+    env = make_text_env(env_id, **BUILTIN_KWARGS.get(env_id, {}))
     try:
         assert isinstance(env.unwrapped, TextEnvProtocol)
         check_text_env(env)
