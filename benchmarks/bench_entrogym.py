@@ -1,7 +1,7 @@
-"""entrogym side of ``benchmarks/iteration.py``: the demo's GRPO iteration through the real
-``Trainer``, configured through ``TrainConfig`` and timed by thin wrappers around the trainer's
-own pieces (``score``, the backward, ``step``, ``publish_adapter``, ``collect``, ``grade``).
-Nothing of the trainer's math is re-implemented or patched.
+"""entrogym side of ``benchmarks/iteration.py``: the demo's GRPO iterations, run by the real
+``Trainer.fit`` configured through ``TrainConfig``. The timings are the trainer's own (every
+metrics row's ``phases_s``); a phase hook counts the learner's FLOPs. Nothing of the trainer
+is re-implemented, wrapped or patched.
 
 Run by ``iteration.py`` in a fresh process per repetition; writes one JSON result file.
 """
@@ -9,14 +9,12 @@ Run by ``iteration.py`` in a fresh process per repetition; writes one JSON resul
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import os
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,19 +28,6 @@ SCORING = {
     "fast": {"score_layout": "trimmed", "action_only_head": True},
     "exact": {"score_layout": "padded", "action_only_head": False},
 }
-
-
-@contextlib.contextmanager
-def _timed(phases: dict[str, float], name: str, device: str = "cpu") -> Iterator[None]:
-    """Adds the block's wall time to ``phases[name]`` (CUDA work is waited for first)."""
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    sync()
-    t0 = time.perf_counter()
-    try:
-        yield
-    finally:
-        sync()
-        phases[name] += time.perf_counter() - t0
 
 
 def train_config(work: Workload, engine: str, scoring: str, out: Path) -> Any:
@@ -71,141 +56,73 @@ def train_config(work: Workload, engine: str, scoring: str, out: Path) -> Any:
     )
 
 
-def _on_device(batch: Any, device: str, cache: dict) -> Any:
-    """``batch`` with its tensors on ``device`` (moved once per batch). TrainConfig has no
-    device option; for ``--device cuda`` the policy is moved after construction and the rows
-    follow it here, so the trainer's own ``score`` runs unchanged on the GPU."""
-    if device == "cpu":
-        return batch
-    if cache.get("key") is not batch:
-        moved = {
-            f.name: getattr(batch, f.name).to(device)
-            if isinstance(getattr(batch, f.name), torch.Tensor)
-            else getattr(batch, f.name)
-            for f in dataclasses.fields(batch)
-        }
-        cache.update(key=batch, value=type(batch)(**moved))
-    return cache["value"]
+class LearnerCounts:
+    """A phase hook (``entrogym.train.phases``): the useful FLOPs and tokens of the rows each of
+    the trainer's scoring passes worked on (padding a layout computes does not count), per
+    iteration; the trainer's ``publish`` phase ends an iteration."""
 
+    def __init__(self, trainer: Any) -> None:
+        self.shape = ModelShape.of(trainer.policy)
+        self.action_only = trainer.cfg.action_only_head
+        self.current: dict[str, float] = defaultdict(float)
+        self.iterations: list[dict[str, float]] = []
 
-def timed_score(trainer: Any, phases: dict, counts: dict, device: str) -> Callable:
-    """``Trainer.score`` as it is, timed (no grad: old log-probs; grad: training forward) and
-    with the useful FLOPs of the rows it scored counted (padding the layout computes does not
-    count). The outputs come back to the CPU, where the update's other tensors live."""
-    score, shape, moved = trainer.score, ModelShape.of(trainer.policy), {}
-
-    def wrapped(batch: Any, index: torch.Tensor, need_entropy: bool) -> tuple:
-        phase = "training_forward" if torch.is_grad_enabled() else "old_logprobs"
-        with _timed(phases, phase, device):
-            lp, ent = score(_on_device(batch, device, moved), index, need_entropy)
-            lp, ent = lp.cpu(), ent.cpu() if ent is not None else None
+    def __call__(self, phase: str, seconds: float, info: dict) -> None:
+        if phase == "publish":
+            self.iterations.append(dict(self.current))
+            self.current.clear()
+            return
+        if phase not in ("scoring", "forward"):
+            return
+        batch, index = info["batch"], info["index"]
         _, mask = batch.tokens(index)
         lengths = [int(n) for n in mask.sum(1)]
-        if trainer.cfg.action_only_head:
+        if self.action_only:
             heads = int(batch.actions(index)[:, 1:].sum())
         else:
             heads = sum(n - 1 for n in lengths)
-        counts["learner_flops"] += shape.forward_flops(lengths, heads)
-        counts["learner_tokens"] += sum(lengths)
-        if phase == "training_forward":  # each is followed by one backward
-            counts["backward_flops"] += shape.backward_flops(lengths, heads)
-        return lp, ent
-
-    return wrapped
-
-
-class TimedScaler:
-    """The trainer's loss scaler, with ``scale(loss).backward()`` timed as the backward."""
-
-    def __init__(self, inner: Any, phases: dict, device: str) -> None:
-        self.inner, self.phases, self.device = inner, phases, device
-
-    def scale(self, loss: torch.Tensor) -> Any:
-        scaled, phases, device = self.inner.scale(loss), self.phases, self.device
-
-        class _Backward:
-            @staticmethod
-            def backward() -> None:
-                with _timed(phases, "backward", device):
-                    scaled.backward()
-
-        return _Backward
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-
-def _timing(fn: Callable, phases: dict, name: str, device: str = "cpu") -> Callable:
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
-        with _timed(phases, name, device):
-            return fn(*args, **kwargs)
-
-    return wrapped
-
-
-def instrument(trainer: Any, phases: dict, counts: dict, device: str) -> None:
-    """Time collect / grading / score / backward / step / publish_adapter."""
-    import entrogym.envs.grading as grading
-
-    grading.grade = _timing(grading.grade, phases, "grading")  # the env imports it per call
-    collect = _timing(trainer.collect, phases, "collect")
-
-    def counted_collect(it: int) -> Any:
-        batch, stats = collect(it)
-        counts["generated_tokens"] += int(batch.action_mask.sum())
-        return batch, stats
-
-    trainer.collect = counted_collect
-    trainer.score = timed_score(trainer, phases, counts, device)
-    trainer.step = _timing(trainer.step, phases, "optimizer", device)
-    trainer.publish_adapter = _timing(trainer.publish_adapter, phases, "adapter_handover")
-    trainer.scaler = TimedScaler(trainer.scaler, phases, device)
+        self.current["learner_flops"] += self.shape.forward_flops(lengths, heads)
+        if phase == "forward":  # each is followed by one backward
+            self.current["learner_flops"] += self.shape.backward_flops(lengths, heads)
 
 
 def run(work: Workload, engine: str, scoring: str) -> dict:
+    from entrogym.train.metrics import read_metrics
     from entrogym.train.trainer import Trainer
 
     t_spawn = float(os.environ.get("BENCH_SPAWN_TIME", time.time()))
     torch.manual_seed(work.seed)
     with tempfile.TemporaryDirectory(prefix="entrogym-bench-") as tmp:
         trainer = Trainer(train_config(work, engine, scoring, Path(tmp)))
+        counts = LearnerCounts(trainer)
+        trainer.phases.hooks.append(counts)
         if work.device != "cpu":  # in place: the optimizer keeps the same parameters
             trainer.policy.to(work.device)
-        iterations = []
-        phases: dict[str, float] = defaultdict(float)
-        counts: dict = defaultdict(float)
-        trainer.publish_adapter(0)  # as Trainer.fit does: the first rollouts' adapter
         startup_s = time.time() - t_spawn
-        instrument(trainer, phases, counts, work.device)
         try:
-            for it in range(work.iterations):
-                phases.clear()
-                counts.clear()
-                t0 = time.perf_counter()
-                row = trainer.iteration(it)
-                trainer.publish_adapter(it + 1)
-                total = time.perf_counter() - t0
-                iterations.append(summary(dict(phases), dict(counts), total, row))
+            trainer.fit()
         finally:
             trainer.close()
+        rows = [r for r in read_metrics(trainer.run_dir) if r.get("kind", "train") == "train"]
+    iterations = [summary(row, c) for row, c in zip(rows, counts.iterations, strict=True)]
     return {"startup_s": startup_s, "iterations": iterations, **_ceilings(work)}
 
 
-def summary(phases: dict, counts: dict, total: float, row: dict) -> dict:
-    """One iteration's phases (generation = collect - grading; other = the rest), rates and
-    the trainer's own exactness metrics."""
-    phases["generation"] = phases.pop("collect", 0.0) - phases.get("grading", 0.0)
-    phases["other"] = total - sum(phases.values())
-    learner_s = sum(phases.get(k, 0.0) for k in ("old_logprobs", "training_forward", "backward"))
-    flops = counts.get("learner_flops", 0) + counts.get("backward_flops", 0)
+def summary(row: dict, counts: dict) -> dict:
+    """One iteration's phases (the trainer's ``phases_s``; other = the rest of the
+    iteration), token counts, rates and the trainer's own exactness metrics."""
+    total = row["iteration_s"]
+    phases = dict(row["phases_s"])
+    phases["other"] = max(total - sum(phases.values()), 0.0)
+    learner_s = sum(phases[k] for k in ("scoring", "forward", "backward"))
     return {
         "seconds": total,
         "phases_s": {k: round(v, 3) for k, v in phases.items()},
-        "generated_tokens": int(counts.get("generated_tokens", 0)),
-        "generated_tokens_per_s": counts.get("generated_tokens", 0)
-        / max(phases["generation"], 1e-9),
-        "learner_tokens_per_s": counts.get("learner_tokens", 0) / max(learner_s, 1e-9),
-        "learner_gflops_per_s": flops / max(learner_s, 1e-9) / 1e9,
+        "generated_tokens": row["generated_tokens"],
+        "learner_tokens": row["learner_tokens"],
+        "generated_tokens_per_s": row["generated_tokens"] / max(phases["generation"], 1e-9),
+        "learner_tokens_per_s": row["learner_tokens"] / max(learner_s, 1e-9),
+        "learner_gflops_per_s": counts.get("learner_flops", 0) / max(learner_s, 1e-9) / 1e9,
         "sampler_mismatch": row.get("sampler_mismatch"),
         "clip_frac_low": row.get("clip_frac_low"),
         "clip_frac_high": row.get("clip_frac_high"),

@@ -6,8 +6,8 @@ side with TRL's ``GRPOTrainer`` on the same work.
 Each repetition runs every framework in a fresh process (interleaved, alternating which goes
 first), for ``--iterations`` iterations; the last one (warm) is the timed one. Prints JSON:
 
-* ``entrogym``: per phase (generation, grading, old_logprobs, training_forward, backward,
-  optimizer, adapter_handover, other), generated tokens/s, learner tokens/s, learner GFLOP/s
+* ``entrogym``: per phase (the trainer's own ``phases_s``: generation, env, scoring, forward,
+  backward, optimizer, publish; other = the rest of the iteration), generated tokens/s, learner tokens/s, learner GFLOP/s
   and the fp32 / bf16 matmul ceilings measured in the same process;
 * top level: ``learner_ceiling_fraction`` (learner FLOP/s over the same-run ceiling of the dtype
   the body uses), ``peak_rss_mb`` (process tree), ``startup_s`` (spawn to first rollout), and with

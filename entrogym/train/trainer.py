@@ -42,6 +42,7 @@ from entrogym.train.evaluation import evaluate_policy
 from entrogym.train.logprobs import sequence_logprobs, sequence_logprobs_and_entropy
 from entrogym.train.metrics import MetricsLogger, progress, summary_line
 from entrogym.train.mismatch import sampler_entropy_gap, sampler_mismatch
+from entrogym.train.phases import PhaseClock, PhaseHook
 from entrogym.train.policy import LoraSettings, load_policy, save_adapter, trainable_parameters
 from entrogym.train.precision import apply_threads, loss_scaler_for, resolve_dtype
 from entrogym.train.run_folder import (
@@ -51,6 +52,7 @@ from entrogym.train.run_folder import (
     open_run_folder,
     prune_adapters,
 )
+from entrogym.train.state import TrainState
 
 
 class TrainingStopped(RuntimeError):
@@ -62,9 +64,12 @@ class Trainer:
     evaluates and writes files, and the policy is FSDP2-sharded over the ranks
     (``entrogym.train.distributed`` explains the split)."""
 
-    def __init__(self, cfg: TrainConfig, engine: Engine | None = None) -> None:
+    def __init__(
+        self, cfg: TrainConfig, engine: Engine | None = None, hooks: tuple[PhaseHook, ...] = ()
+    ) -> None:
         """``engine``: a running rollout engine to share (its owner closes it); by default the
-        trainer starts the one ``cfg`` names and closes it at the end.
+        trainer starts the one ``cfg`` names and closes it at the end. ``hooks`` watch the
+        phases of every iteration (``entrogym.train.phases``).
 
         Setup runs in small steps; the run-folder checks and its lock come first, so a wrong
         ``--out`` or a second writer fails before any model loads."""
@@ -74,6 +79,7 @@ class Trainer:
         self.folder: RunFolder | None = None
         self.logger: MetricsLogger | None = None
         self.engine, self._owns_engine = engine, engine is None
+        self.phases = PhaseClock(hooks)
         self.algo = cfg.algorithm()  # a bad preset is a config error: before the folder
         resume_from = self._open_run_folder()
         try:
@@ -84,7 +90,7 @@ class Trainer:
 
     def _setup(self, resume_from: Path | None) -> None:
         cfg = self.cfg
-        self.start, self.cumulative_entropy, self.bad_steps, self.best = 0, 0.0, 0, -1.0
+        self.state = TrainState(algo=self.algo.name)
         self.adapter: Path | None = None  # the current weights' adapter folder (engine input)
         self._grad_norms: list[float] = []  # this iteration's pre-clip norms, filled by step()
         _seed_everything(cfg.seed)
@@ -113,7 +119,7 @@ class Trainer:
         if self.ranks.main:
             self.logger = MetricsLogger(self.run_dir, resume_rows=resume_rows)
             event = "start" if resume_from is None else "resume"
-            self.folder.record(event, self.cfg.to_dict(), from_iteration=self.start)
+            self.folder.record(event, self.cfg.to_dict(), from_iteration=self.state.start)
 
     # ----- setup ----------------------------------------------------------------------------
 
@@ -212,17 +218,14 @@ class Trainer:
                 # Checkpoints written before checksums existed are checked by size only.
                 warnings.warn(f"ignoring checkpoint {ckpt}: {exc}", CheckpointWarning, 2)
                 continue
-            self._restore_counters(state)
-            self._say(f"entrogym train: resuming {self.run_dir} after iteration {self.start - 1}")
-            return ckpt, state["metrics_rows"]
+            self.state = TrainState.from_dict(state)
+            self.control.load_state_dict(self.state.control)
+            self._say(
+                f"entrogym train: resuming {self.run_dir} after iteration {state['iteration']}"
+            )
+            return ckpt, self.state.metrics_rows
         self._say(f"entrogym train: no checkpoint in {self.run_dir}; starting from scratch")
         return None, 0
-
-    def _restore_counters(self, state: dict[str, Any]) -> None:
-        self.control.load_state_dict(state["control"])
-        self.start = state["iteration"] + 1
-        self.cumulative_entropy = state["cumulative_entropy"]
-        self.bad_steps, self.best = state["bad_steps"], state["best"]
 
     def _restore_training_state(self, ckpt: Path) -> None:
         saved = read_training_state(ckpt)
@@ -239,10 +242,17 @@ class Trainer:
 
     def fit(self) -> None:
         cfg = self.cfg
-        self.publish_adapter(self.start)
-        for it in progress(range(self.start, cfg.iterations), desc="iterations", unit="iter"):
+        if self._policy_device().type == "cuda":  # phase timings wait for queued GPU work
+            self.phases.sync = torch.cuda.synchronize
+        self.publish_adapter(self.state.start)
+        for it in progress(range(self.state.start, cfg.iterations), desc="iterations", unit="iter"):
+            t0 = time.perf_counter()
             row = self.iteration(it)
-            self.publish_adapter(it + 1)  # the updated weights: next rollouts, eval, checkpoint
+            with self.phases.time("publish"):
+                self.publish_adapter(it + 1)  # the updated weights: next rollouts, eval, checkpoint
+            row["phases_s"] = self.phases.take()
+            row["iteration_s"] = time.perf_counter() - t0
+            self.state.iteration = it
             self._log(row, it)
             self._say(summary_line(row))
             improved = False
@@ -253,14 +263,14 @@ class Trainer:
             ):
                 eval_row = self.evaluate(it)
                 self._log(eval_row, it)
-                improved = eval_row["pass@1"] > self.best
-                self.best = max(self.best, eval_row["pass@1"])
+                improved = eval_row["pass@1"] > self.state.best
+                self.state.best = max(self.state.best, eval_row["pass@1"])
             if (it + 1) % cfg.checkpoint_every == 0 or it == cfg.iterations - 1 or improved:
                 self.checkpoint(it, best=improved)
-            if self.bad_steps > cfg.max_bad_steps:
+            if self.state.bad_steps > cfg.max_bad_steps:
                 raise TrainingStopped(
-                    f"{self.bad_steps} optimizer steps were skipped for non-finite losses or "
-                    f"gradients (max_bad_steps={cfg.max_bad_steps}); lower lr or use dtype fp32"
+                    f"{self.state.bad_steps} optimizer steps were skipped for non-finite losses "
+                    f"or gradients (max_bad_steps={cfg.max_bad_steps}); lower lr or use dtype fp32"
                 )
 
     def _log(self, row: dict[str, Any] | None, it: int) -> None:
@@ -302,6 +312,8 @@ class Trainer:
         # An env that raises or breaks its contract fails its episode (logged once per message);
         # past the allowed share the run stops, naming the first failure.
         check_env_errors(list(rollouts), cfg.max_env_error_fraction)
+        self.phases.add("generation", rollouts.stats["generate_s"])
+        self.phases.add("env", rollouts.stats["env_s"])
         episodes = usable_episodes([e for e in rollouts if not e.failed])
         if not episodes:
             raise TrainingStopped(f"iteration {it}: no episode with action tokens came back")
@@ -312,6 +324,7 @@ class Trainer:
             "env_errors": rollouts.stats["env_errors"],
             "rollout_s": time.perf_counter() - t0,
             "tokens_per_s": rollouts.stats["tokens_per_s"],
+            "generated_tokens": rollouts.stats["generated_tokens"],
         }
         return collate_episodes(episodes, self.pad_id), stats
 
@@ -337,7 +350,7 @@ class Trainer:
             self.control,
             experience,
             score=lambda index, need: self.score(batch, index, need),
-            backward=lambda loss: self.scaler.scale(loss).backward(),
+            backward=self.backward,
             step=self.step,
             zero_grad=lambda: self.optimizer.zero_grad(set_to_none=True),
             micro_batch_size=cfg.micro_batch_size,
@@ -347,8 +360,8 @@ class Trainer:
         mismatch = sampler_mismatch(
             experience.old_logprobs, batch.sampler_logprobs, batch.action_mask
         )
-        self.bad_steps += metrics["skipped_steps"]
-        self.cumulative_entropy += metrics["entropy"]
+        self.state.bad_steps += metrics["skipped_steps"]
+        self.state.cumulative_entropy += metrics["entropy"]
         n_groups = experience.n_groups
         if metrics["zero_adv_groups"] == n_groups:
             self._say(
@@ -360,8 +373,9 @@ class Trainer:
             "iteration": it,
             "algo": self.algo.name,
             **metrics,
-            "cumulative_entropy": self.cumulative_entropy,
+            "cumulative_entropy": self.state.cumulative_entropy,
             **rollout_stats,
+            "learner_tokens": int(batch.lengths.sum()),
             "groups": n_groups,
             "sampler_mismatch": mismatch["mean_abs_diff"],
             "sampler_mismatch_max": mismatch["max_abs_diff"],
@@ -394,26 +408,44 @@ class Trainer:
         """fp32 log-probs (and exact entropies) of rows ``index`` (one micro-batch of the
         update), ``[b, t]`` with ``t`` their longest row, under the caller's grad mode. Under
         torchrun each rank scores its share of the rows and the results are all-gathered."""
-        input_ids, attention_mask = batch.tokens(index)
-        mine = distributed.rows_of_rank(len(index), self.ranks)
-        fn = sequence_logprobs_and_entropy if need_entropy else sequence_logprobs
-        # Only action positions enter the loss: the LM head runs there alone (exact, faster).
-        heads = batch.actions(index)[mine] if self.cfg.action_only_head else None
-        out = fn(
-            self.policy,
-            input_ids[mine],
-            attention_mask[mine],
-            score_mask=heads,
-            layout=self.cfg.score_layout,
-            **self.logprob_opts,
-        )
-        lp, ent = out if need_entropy else (out, None)
-        lp = distributed.gather_rows(lp, len(index), self.ranks)
-        return lp, distributed.gather_rows(ent, len(index), self.ranks) if need_entropy else None
+        phase = "forward" if torch.is_grad_enabled() else "scoring"
+        with self.phases.time(phase, batch=batch, index=index):
+            input_ids, attention_mask = batch.tokens(index)
+            mine = distributed.rows_of_rank(len(index), self.ranks)
+            fn = sequence_logprobs_and_entropy if need_entropy else sequence_logprobs
+            # Only action positions enter the loss: the LM head runs there alone (exact, faster).
+            heads = batch.actions(index)[mine] if self.cfg.action_only_head else None
+            device = self._policy_device()  # rows follow a policy moved to a GPU
+            out = fn(
+                self.policy,
+                input_ids[mine].to(device),
+                attention_mask[mine].to(device),
+                score_mask=None if heads is None else heads.to(device),
+                layout=self.cfg.score_layout,
+                **self.logprob_opts,
+            )
+            lp, ent = out if need_entropy else (out, None)
+            # gathered on the policy's device (NCCL needs it), then back to the update's CPU
+            lp = distributed.gather_rows(lp, len(index), self.ranks).cpu()
+            if need_entropy:
+                ent = distributed.gather_rows(ent, len(index), self.ranks).cpu()
+        return lp, ent
+
+    def _policy_device(self) -> torch.device:
+        return next(self.policy.parameters()).device
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Back-propagate one micro-batch's weighted loss (scaled for fp16)."""
+        with self.phases.time("backward"):
+            self.scaler.scale(loss).backward()
 
     def step(self) -> bool:
         """Unscale (fp16), clip and take one optimizer step; False when it was skipped for
         non-finite gradients. The update clears gradients before each minibatch."""
+        with self.phases.time("optimizer"):
+            return self._step()
+
+    def _step(self) -> bool:
         found_inf = self.scaler.unscale_(self.optimizer)
         if not found_inf:
             norm = torch.nn.utils.clip_grad_norm_(
@@ -460,21 +492,15 @@ class Trainer:
             }
         if not self.ranks.main:
             return
-        state = {
-            "control": self.control.state_dict(),
-            "metrics_rows": self.logger.rows,
-            "cumulative_entropy": self.cumulative_entropy,
-            "bad_steps": self.bad_steps,
-            "best": self.best,
-            "algo": self.algo.name,
-        }
+        self.state.control = self.control.state_dict()
+        self.state.metrics_rows = self.logger.rows
         save_checkpoint(
             self.run_dir,
             it,
             model=self.policy,
             optimizer=self.optimizer,
             scaler=self.scaler,
-            state=state,
+            state=self.state.to_dict(),
             base_model=self.cfg.model,
             best=best,
             **gathered,

@@ -18,6 +18,7 @@ from entrogym.commands.train import parse_config
 from entrogym.train.checkpoint import latest_checkpoint
 from entrogym.train.config import TrainConfig
 from entrogym.train.metrics import read_metrics
+from entrogym.train.phases import PHASES
 from entrogym.train.trainer import train
 
 SMALL = TINY_SETTINGS | dict(
@@ -53,8 +54,17 @@ def test_every_preset_runs_two_iterations(algo, tmp_path):
         "rollout_s",
         "update_s",
         "tokens_per_s",
+        "generated_tokens",
+        "learner_tokens",
+        "iteration_s",
     ):
         assert key in rows[0], key
+    for row in rows:  # every row says where its time went (entrogym.train.phases)
+        phases = row["phases_s"]
+        assert set(phases) == set(PHASES)
+        assert phases["generation"] > 0 and phases["forward"] > 0 and phases["backward"] > 0
+        assert phases["optimizer"] > 0 and phases["publish"] > 0
+        assert sum(phases.values()) <= row["iteration_s"]
     assert rows[1]["cumulative_entropy"] == pytest.approx(rows[0]["entropy"] + rows[1]["entropy"])
     assert rows[0]["sampler_mismatch"] < 1e-3  # hf engine and trainer score the same fp32 model
     preset = ALGORITHMS[algo]

@@ -1,0 +1,48 @@
+"""``TrainState``: where a run stands between iterations, as a checkpoint saves and restores it.
+
+The weights, the optimizer, the loss scaler and the RNG states are saved beside it
+(``entrogym.train.checkpoint``); this is the rest: the counters the loop carries from one
+iteration to the next.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+
+@dataclass
+class TrainState:
+    """Args:
+    iteration: the last completed iteration (-1: none yet); the run goes on at ``start``.
+    cumulative_entropy: sum of the iterations' entropies so far (the paper's Fig. 1 axis).
+    bad_steps: optimizer steps skipped for non-finite losses or gradients so far.
+    best: the best eval ``pass@1`` so far (-1: no evaluation yet).
+    control: the entropy control's own state (``EntropyControl.state_dict``).
+    metrics_rows: complete rows of ``metrics.jsonl`` that belong to these iterations.
+    algo: the preset's name (a resume checks it).
+    """
+
+    iteration: int = -1
+    cumulative_entropy: float = 0.0
+    bad_steps: int = 0
+    best: float = -1.0
+    control: dict[str, Any] = field(default_factory=dict)
+    metrics_rows: int = 0
+    algo: str = ""
+
+    @property
+    def start(self) -> int:
+        """The next iteration to run."""
+        return self.iteration + 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-able dict a checkpoint stores."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainState:
+        """From a checkpoint's dict; keys this version does not know are ignored and missing
+        ones take their defaults, so checkpoints of older versions still resume."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
