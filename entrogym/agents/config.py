@@ -29,6 +29,10 @@ class AgentConfig:
         engine_dtype: dtype of the rollout engine's weights (fp32, bf16 or fp16).
         request_timeout: seconds one request to a ``vllm serve`` may take before it is retried.
         max_lora_rank: largest LoRA rank the vLLM engines accept (None = the run's lora_rank).
+        max_num_seqs: most sequences an engine generates at once; more wait for the next batch.
+            None = the ``hf`` engine's default, sized from the model and
+            ``max_context_tokens`` (``entrogym.agents.engines.hf.hf_max_num_seqs``), and for
+            the vLLM engines the rollout batch (tasks x samples).
         max_response_tokens: per-turn generation budget (paper: 4096 for AIME).
         max_context_tokens: whole-episode context limit (paper: 32K for AppWorld).
         on_turn_budget: a turn that hits ``max_response_tokens``: ``truncate`` ends the episode
@@ -43,6 +47,7 @@ class AgentConfig:
     engine_dtype: DTypeName = "bf16"
     request_timeout: float = 600.0
     max_lora_rank: int | None = None
+    max_num_seqs: int | None = None
     max_response_tokens: int = 256
     max_context_tokens: int = 4096
     on_turn_budget: Literal["truncate", "step"] = "truncate"
@@ -71,6 +76,8 @@ class AgentConfig:
             raise ValueError(f"request_timeout must be > 0 seconds, got {self.request_timeout}")
         if self.max_lora_rank is not None and self.max_lora_rank < 1:
             raise ValueError(f"max_lora_rank must be >= 1 or None, got {self.max_lora_rank}")
+        if self.max_num_seqs is not None and self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1 or None, got {self.max_num_seqs}")
         for name in ("max_response_tokens", "max_context_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -98,7 +105,8 @@ class AgentConfig:
         """Keyword arguments of ``make_engine(self.engine, self.model, **...)``.
 
         ``max_num_seqs`` (the rollout batch: tasks x K; sizes the KV cache) and ``threads``
-        (CPU cores of the engine) go to the two vLLM engines only, when given.
+        (CPU cores of the engine) go to the two vLLM engines only, when given; the
+        ``max_num_seqs`` option, when set, goes to every engine this process starts and wins.
         """
         kwargs: dict[str, Any] = {
             "dtype": self.engine_dtype,
@@ -108,9 +116,11 @@ class AgentConfig:
             "request_timeout": self.request_timeout,
             "max_lora_rank": self.max_lora_rank or lora_rank or 16,
         }
+        if self.engine == "hf" and self.max_num_seqs is not None:
+            kwargs["max_num_seqs"] = self.max_num_seqs
         if self.engine in ("vllm", "vllm-server") and not self.engine_urls:
-            if max_num_seqs is not None:
-                kwargs["max_num_seqs"] = max_num_seqs
+            if (self.max_num_seqs or max_num_seqs) is not None:
+                kwargs["max_num_seqs"] = self.max_num_seqs or max_num_seqs
             if threads is not None:
                 kwargs["threads"] = threads
         return kwargs

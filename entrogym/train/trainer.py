@@ -81,6 +81,7 @@ class Trainer:
         self.engine, self._owns_engine = engine, engine is None
         self.phases = PhaseClock(hooks)
         self.algo = cfg.algorithm()  # a bad preset is a config error: before the folder
+        self.tasks = self._task_ids()  # so is a split smaller than tasks_per_iter
         resume_from = self._open_run_folder()
         try:
             self._setup(resume_from)
@@ -94,7 +95,6 @@ class Trainer:
         self.adapter: Path | None = None  # the current weights' adapter folder (engine input)
         self._grad_norms: list[float] = []  # this iteration's pre-clip norms, filled by step()
         _seed_everything(cfg.seed)
-        self.tasks = self._task_ids()
         if cfg.threads is not None:
             apply_threads(cfg.threads)
         self.policy = load_policy(
@@ -156,6 +156,12 @@ class Trainer:
         env.close()
         if not tasks:
             raise ValueError(f"env {self.cfg.env!r} has no tasks in split {self.cfg.split!r}")
+        if self.cfg.tasks_per_iter > len(tasks):
+            raise ValueError(
+                f"tasks_per_iter ({self.cfg.tasks_per_iter}) is above the {len(tasks)} tasks of "
+                f"split {self.cfg.split!r} of {self.cfg.env}; an iteration draws distinct tasks, "
+                f"so pass --tasks-per-iter {len(tasks)} or less (or more --samples per task)"
+            )
         return tasks
 
     def _build_optimizer(self) -> None:
@@ -292,9 +298,7 @@ class Trainer:
         """Rank 0: rollouts with the current adapter, as a batch plus the rollout statistics
         of the metrics row. Raises ``TrainingStopped`` when no usable episode came back."""
         cfg = self.cfg
-        tasks = random.Random(cfg.seed * 1_000_003 + it).sample(
-            self.tasks, min(cfg.tasks_per_iter, len(self.tasks))
-        )
+        tasks = random.Random(cfg.seed * 1_000_003 + it).sample(self.tasks, cfg.tasks_per_iter)
         t0 = time.perf_counter()
         rollouts = collect_rollouts(
             cfg.env,

@@ -22,10 +22,40 @@ import torch
 from entrogym.agents.engines.base import Completion, Engine, SamplingParams, engine_dtype
 from entrogym.agents.engines.vllm_engine import adapter_key
 
+# What one ``generate`` batch may hold at full context: its KV cache plus its logit buffers.
+# 2 GiB fits 11 SmolLM2-135M sequences of 4096 tokens in fp32, and the demo's 24 of 256 tokens
+# (at most 173) in one batch, as before the bound existed.
+HF_BATCH_BYTES = 2 << 30
+# Logit-sized fp32 rows one decoding step keeps per sequence (logits, warped copies, softmax,
+# the recorded log-softmax), counted generously.
+_LOGIT_BUFFERS = 8
+
+
+def hf_max_num_seqs(model: str, dtype: str, max_model_len: int) -> int:
+    """The default batch of the ``hf`` engine: as many sequences as fit in
+    :data:`HF_BATCH_BYTES` at ``max_model_len`` tokens each (KV cache of every layer plus the
+    logit buffers of a decoding step), at least 1. Read from the model's ``config.json``."""
+    from transformers import AutoConfig
+
+    from entrogym.agents.engines.vllm_local import model_kv_cache_bytes
+
+    kv = model_kv_cache_bytes(
+        model,
+        engine_dtype(dtype),
+        max_num_seqs=1,
+        max_model_len=max_model_len,
+        block_size=1,
+    )
+    config = AutoConfig.from_pretrained(model)
+    vocab = (getattr(config, "text_config", None) or config).vocab_size
+    return max(1, HF_BATCH_BYTES // (kv + _LOGIT_BUFFERS * 4 * vocab))
+
 
 class HFEngine(Engine):
     """Args: ``model`` (folder or hub id), ``dtype``, ``max_model_len``, ``seed`` (torch's global
-    seed at start), ``device``, ``batch_size`` (prompts per ``generate`` call; None = all)."""
+    seed at start), ``device``, ``max_num_seqs`` (sequences per ``generate`` batch; None =
+    :func:`hf_max_num_seqs`, sized from the model and ``max_model_len``): a call with more
+    prompts runs them batch after batch, so its memory is bounded whatever it is given."""
 
     kind = "hf"
 
@@ -37,15 +67,19 @@ class HFEngine(Engine):
         max_model_len: int = 4096,
         seed: int = 0,
         device: str = "cpu",
-        batch_size: int | None = None,
+        max_num_seqs: int | None = None,
     ) -> None:
         super().__init__(model, max_model_len=max_model_len, seed=seed)
         name = engine_dtype(dtype)
         self.dtype = torch.float32 if name == "auto" else getattr(torch, name)
         self.device = torch.device(device)
-        if batch_size is not None and batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
-        self.batch_size = batch_size
+        if max_num_seqs is not None and (
+            isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1
+        ):
+            raise ValueError(
+                f"max_num_seqs must be a positive integer or None, got {max_num_seqs!r}"
+            )
+        self.max_num_seqs = max_num_seqs or hf_max_num_seqs(self.model, dtype, max_model_len)
         self._model: Any = None
         self._adapters: dict[tuple[str, int], str] = {}
         self._loaded = 0  # adapters loaded so far: names must never repeat
@@ -112,7 +146,7 @@ class HFEngine(Engine):
     def _generate_all(
         self, model: Any, prompts: list[list[int]], params: list[SamplingParams]
     ) -> list[Completion]:
-        size = self.batch_size or len(prompts)
+        size = self.max_num_seqs
         # One generate call per distinct set of sampling settings (max_tokens aside).
         order = sorted(range(len(prompts)), key=lambda i: _settings(params[i]))
         results: dict[int, Completion] = {}
