@@ -1,4 +1,4 @@
-"""What exact REPO centring (``repo_centering: exact``) costs the LLM scorer.
+"""What exact REPO centring (``--algo.lever.centering exact``) costs the LLM scorer.
 
 Exact centring needs H(s) at every scored position, so the trainer scores with
 ``sequence_logprobs_and_entropy`` instead of ``sequence_logprobs``. This measures both on a real

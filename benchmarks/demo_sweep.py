@@ -8,8 +8,12 @@ held-out accuracy rows, and the wall time. Cells already in the file are skipped
 can be stopped and continued without rerunning anything.
 
     nice -n 10 .venv/bin/python benchmarks/demo_sweep.py --out runs/demo-sweep \\
-        --cell grpo:lr=1e-3:iters=15:seed=0 \\
-        --cell repo-r:lr=1e-3:iters=15:seed=0:zeta_init=0.05:zeta_max=0.5
+        --cell "grpo --lr 1e-3 --iters 15 --seed 0" \\
+        --cell "repo-d --algo.controller pi --lr 1e-3 --iters 20 --seed 0"
+
+A cell is a run of the demo written as a preset or labelled variant (the algorithm options of
+``entrogym train``) followed by the cell's own settings: --lr, --iters, --seed, --engine,
+--eval-tasks, --threads.
 """
 
 from __future__ import annotations
@@ -23,20 +27,25 @@ CELL_KEYS = ("lr", "iters", "seed", "engine", "eval_tasks", "threads")
 
 
 def parse_cell(text: str) -> dict[str, Any]:
-    """``preset:key=value:...`` -> settings; keys other than CELL_KEYS are preset knobs."""
-    from entrogym.algos.presets import parse_knob_value
+    """``"PRESET [--algo... options] [--lr X --iters N --seed S ...]"`` -> settings."""
+    import shlex
 
-    name, *pairs = text.split(":")
-    cell: dict[str, Any] = {"algo": {"name": name}, "lr": 1e-3, "iters": 15, "seed": 0,
+    from entrogym.train.algo_spec import parse_label, split_algo_args, typed_spec
+
+    words = shlex.split(text)
+    algo_words, rest = split_algo_args(words[1:])
+    cell: dict[str, Any] = {"lr": 1e-3, "iters": 15, "seed": 0,
                             "engine": "hf", "eval_tasks": 40, "threads": None}  # fmt: skip
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise ValueError(f"--cell {text!r}: {pair!r} is not key=value")
-        if key in CELL_KEYS:
-            cell[key] = value if key == "engine" else float(value)
-        else:
-            cell["algo"][key] = parse_knob_value(key, value)
+    while rest:
+        option = rest.pop(0)
+        key = option.lstrip("-").replace("-", "_")
+        if not option.startswith("--") or key not in CELL_KEYS or not rest:
+            raise ValueError(
+                f"--cell {text!r}: {option!r} is not one of --{', --'.join(CELL_KEYS)} VALUE"
+            )
+        value = rest.pop(0)
+        cell[key] = value if key == "engine" else float(value)
+    cell["algo"] = typed_spec(parse_label(shlex.join([words[0], *algo_words])))
     cell["iters"], cell["seed"] = int(cell["iters"]), int(cell["seed"])
     cell["eval_tasks"] = int(cell["eval_tasks"])
     cell["threads"] = None if cell["threads"] is None else int(cell["threads"])
@@ -48,11 +57,11 @@ def _shown(value: float | str) -> str:
 
 
 def cell_name(cell: dict[str, Any]) -> str:
-    knobs = "".join(f"_{k}{_shown(v)}" for k, v in cell["algo"].items() if k != "name")
-    return (
-        f"{cell['algo']['name']}{knobs}_lr{cell['lr']:g}_it{cell['iters']}"
-        f"_s{cell['seed']}_{cell['engine']}"
-    )
+    from entrogym.demo.config import parse_run
+    from entrogym.train.algo_spec import label
+
+    folder = parse_run(label(cell["algo"]))[1]
+    return f"{folder}_lr{cell['lr']:g}_it{cell['iters']}_s{cell['seed']}_{cell['engine']}"
 
 
 def run_cell(cell: dict[str, Any], out: Path) -> dict[str, Any]:

@@ -96,7 +96,7 @@ def update_and_measure(policy, batch: Any, algo: Any, cfg: Any, steps: int) -> l
     """Take ``steps`` optimizer steps of the real update on ``batch`` (old log-probs: the
     policy's own fp32 scores) and measure :func:`bf16_clip_effect` before the first step (a
     self-check: both ratios are exactly 1) and after each step."""
-    from entrogym.algos.controls import make_control
+    from entrogym.algos import EntropyControl
     from entrogym.algos.update import policy_update
     from entrogym.algos.update_batch import UpdateBatch
     from entrogym.train.policy import trainable_parameters
@@ -120,7 +120,7 @@ def update_and_measure(policy, batch: Any, algo: Any, cfg: Any, steps: int) -> l
         return True
 
     policy_update(
-        make_control(replace(algo, epochs=steps, minibatch_size=None)), experience,
+        EntropyControl(replace(algo, epochs=steps, minibatch_size=None)), experience,
         score=score, backward=lambda loss: loss.backward(), step=step,
         zero_grad=lambda: optimizer.zero_grad(set_to_none=True), micro_batch_size=micro,
         generator=torch.Generator().manual_seed(0),
@@ -157,8 +157,8 @@ def bf16_clipping_claim(args: argparse.Namespace, model: str, agent: Any) -> dic
     self_check = max(abs(rows[0]["mean_abs_log_ratio"]) for rows in per_seed)
     return {
         "algo": algo.name,
-        "eps_low": algo.eps_low,
-        "eps_high": algo.eps_high,
+        "eps_low": algo.loss.params.eps_low,
+        "eps_high": algo.loss.params.eps_high,
         "lr": args.lr,
         "self_check_mean_abs_log_ratio_before_step": self_check,
         "pooled": pooled,

@@ -20,7 +20,7 @@ def clip_decisions(
     A < 0 and w < 1 - eps_low; A > 0 and w > 1 + eps_high (Sec. 2, PPO objective)."""
     from entrogym.algos.losses import clip_bounds, token_importance_ratio
 
-    low, high = clip_bounds(algo.eps_low, algo.eps_high)
+    low, high = clip_bounds(algo.loss.params.eps_low, algo.loss.params.eps_high)
     ratio = token_importance_ratio(logprobs, old)
     a, m = adv[:, None], mask.bool()
     return m & (a < 0) & (ratio < low), m & (a > 0) & (ratio > high)
@@ -101,8 +101,8 @@ def bf16_clip_effect(
         "bf16": (bf16_round(logprobs), bf16_round(old)),
     }.items():
         _, metrics = clipped_policy_loss(
-            new, prev, adv, mask, eps_low=algo.eps_low, eps_high=algo.eps_high,
-            level="token", aggregation=algo.aggregation,
+            new, prev, adv, mask, eps_low=algo.loss.params.eps_low, eps_high=algo.loss.params.eps_high,
+            level="token", aggregation=algo.loss.params.aggregation,
         )  # fmt: skip
         low, high = decisions[name] = clip_decisions(new, prev, adv, mask, algo)
         out[name] = {

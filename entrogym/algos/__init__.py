@@ -1,55 +1,92 @@
-"""The algorithm core, on tensors only: advantages, clipped losses, entropy controls, presets
-and the policy update that composes them. It imports nothing from entrogym outside itself."""
+"""The algorithm core, on tensors only: advantage estimators, policy losses, token masks,
+entropy levers and their controllers (each a registry of small parts with typed params),
+the presets that compose them, and the policy update. It imports nothing from entrogym outside
+itself and reads no text."""
 
-from entrogym.algos.advantages import ADVANTAGES, compute_advantages, grpo, rloo
-from entrogym.algos.controls import (
-    CONTROLS,
-    EntropyControl,
-    control_class,
-    make_control,
-    register_control,
+from entrogym.algos.advantages import (
+    ADVANTAGES,
+    GrpoParams,
+    compute_advantages,
+    grpo,
+    register_advantage,
+    rloo,
+)
+from entrogym.algos.algorithm import PART_REGISTRIES, AlgorithmConfig, algorithm_mapping
+from entrogym.algos.control import EntropyControl
+from entrogym.algos.controllers import (
+    CONTROLLERS,
+    AdditiveParams,
+    Controller,
+    ControllerParams,
+    MultiplicativeParams,
+    PaperParams,
+    PIParams,
+    register_controller,
 )
 from entrogym.algos.entropy import (
-    EpsHighController,
-    ZetaController,
     centred_logprobs,
     entropy_bonus_loss,
+    high_entropy_tokens,
     repo_d,
     repo_r,
     sampled_entropy,
+    token_covariance,
     token_entropy_from_logits,
 )
-from entrogym.algos.losses import clipped_policy_loss
-from entrogym.algos.presets import ALGORITHMS, AlgorithmConfig, get_algorithm, preset_knobs
+from entrogym.algos.levers import LEVERS, Coefficient, Lever, register_lever
+from entrogym.algos.losses import LOSSES, ClipParams, clipped_policy_loss, register_loss
+from entrogym.algos.masks import MASKS, TokenMask, register_mask
+from entrogym.algos.presets import ALGORITHMS, build_algorithm, get_algorithm
+from entrogym.algos.registry import NoParams, Part
 from entrogym.algos.update import policy_update, score_old_logprobs
 from entrogym.algos.update_batch import UpdateBatch, micro_batches, minibatch_indices
 
 __all__ = [
     "ADVANTAGES",
     "ALGORITHMS",
-    "CONTROLS",
+    "CONTROLLERS",
+    "LEVERS",
+    "LOSSES",
+    "MASKS",
+    "PART_REGISTRIES",
+    "AdditiveParams",
     "AlgorithmConfig",
+    "ClipParams",
+    "Coefficient",
+    "Controller",
+    "ControllerParams",
     "EntropyControl",
-    "EpsHighController",
+    "GrpoParams",
+    "Lever",
+    "MultiplicativeParams",
+    "NoParams",
+    "PIParams",
+    "PaperParams",
+    "Part",
+    "TokenMask",
     "UpdateBatch",
-    "ZetaController",
+    "algorithm_mapping",
+    "build_algorithm",
+    "centred_logprobs",
     "clipped_policy_loss",
     "compute_advantages",
-    "control_class",
     "entropy_bonus_loss",
     "get_algorithm",
     "grpo",
-    "make_control",
+    "high_entropy_tokens",
     "micro_batches",
     "minibatch_indices",
     "policy_update",
-    "preset_knobs",
-    "register_control",
+    "register_advantage",
+    "register_controller",
+    "register_lever",
+    "register_loss",
+    "register_mask",
     "repo_d",
     "repo_r",
     "rloo",
     "sampled_entropy",
     "score_old_logprobs",
-    "centred_logprobs",
+    "token_covariance",
     "token_entropy_from_logits",
 ]

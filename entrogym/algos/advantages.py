@@ -1,14 +1,18 @@
 """Group-relative advantage estimators (paper Sec. 2, "Preliminaries").
 
 Both take one terminal reward per trajectory and the id of the group (task) it was sampled for;
-the K samples of a task form one group.
+the K samples of a task form one group. They are registered in ``ADVANTAGES`` by name, each
+with its params (``grpo``'s ``eps``), as an algorithm's ``advantage`` part.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from entrogym.algos.checks import check_group_inputs
+from entrogym.algos.registry import NoParams, Part, Registry
 
 
 def rloo(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
@@ -40,16 +44,45 @@ def grpo(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-6) -> t
     return centred / (var.sqrt()[inverse] + eps)
 
 
-ADVANTAGES = {"rloo": rloo, "grpo": grpo}
+@dataclass(frozen=True)
+class GrpoParams:
+    """Knobs of the ``grpo`` estimator.
+
+    Args:
+        eps: added to the group's standard deviation before dividing.
+    """
+
+    eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        if not self.eps >= 0:
+            raise ValueError(f"algo.advantage.eps must be >= 0, got {self.eps}")
 
 
-def compute_advantages(kind: str, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-    """Dispatch by name (``"rloo"`` or ``"grpo"``), as presets name their estimator."""
-    if kind not in ADVANTAGES:
-        raise ValueError(
-            f"advantage: unknown estimator {kind!r}; choose one of {sorted(ADVANTAGES)}"
-        )
-    return ADVANTAGES[kind](rewards, group_ids)
+# An estimator is fn(rewards[B], group_ids[B], params) -> advantages[B].
+ADVANTAGES: Registry = Registry("advantage")
+register_advantage = ADVANTAGES.register
+
+
+@register_advantage("rloo")
+def _rloo(rewards: torch.Tensor, group_ids: torch.Tensor, params: NoParams) -> torch.Tensor:
+    """Leave-one-out: r_i minus the mean of the group's other rewards (RLOO, LOOP, DAPO)."""
+    return rloo(rewards, group_ids)
+
+
+@register_advantage("grpo", params=GrpoParams)
+def _grpo(rewards: torch.Tensor, group_ids: torch.Tensor, params: GrpoParams) -> torch.Tensor:
+    """Group-normalised: (r_i - group mean) / (group std + eps) (GRPO, REPO)."""
+    return grpo(rewards, group_ids, eps=params.eps)
+
+
+def compute_advantages(
+    advantage: str | Part, rewards: torch.Tensor, group_ids: torch.Tensor
+) -> torch.Tensor:
+    """The advantages of the registered estimator ``advantage`` (a name, or a :class:`Part`
+    with its params)."""
+    part = advantage if isinstance(advantage, Part) else ADVANTAGES.part(advantage)
+    return ADVANTAGES.get(part.name)(rewards, group_ids, part.params)
 
 
 def zero_advantage_groups(advantages: torch.Tensor, group_ids: torch.Tensor) -> int:

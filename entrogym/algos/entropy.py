@@ -1,13 +1,15 @@
-"""Entropy estimation and explicit entropy control (paper Sec. 5 and appendix listings).
+"""The entropy formulas: estimates, and how each lever pushes entropy (one function each).
 
-REPO-R / REPO-D reshape advantages per token with the latest policy's detached log-probs;
-ZetaController and EpsHighController are the once-per-iteration feedback loops that steer the
-policy entropy toward the target (the entropy over the first iteration's experience).
+REPO-R / REPO-D reshape advantages per token with the latest policy's detached log-probs
+(paper Sec. 5 and appendix listings); the entropy bonus adds beta * H; Clip-Cov and KL-Cov
+(Cui et al. 2025, "The Entropy Mechanism of Reinforcement Learning for Reasoning Language
+Models", as verl defines them) act on the tokens whose advantage and log-prob covary most; the
+high-entropy token mask keeps the top-rho tokens by entropy (Wang et al. 2025, "Beyond the 80/20
+Rule", TRL's ``top_entropy_quantile``). The levers and controllers that use them are in
+``entrogym.algos.levers`` and ``entrogym.algos.controllers``.
 """
 
 from __future__ import annotations
-
-from dataclasses import asdict, dataclass
 
 import torch
 
@@ -31,7 +33,7 @@ def repo_r(advantages: torch.Tensor, logprobs: torch.Tensor, zeta: float) -> tor
 
     A > 0: A * (1 - zeta * logp), clamped at >= 0.   A < 0: A * (1 + zeta * logp), clamped at <= 0.
     A == 0: unchanged. ``logp`` is the latest policy's log-prob of the sampled token, detached
-    (raw as in the paper's implementation, or ``centred_logprobs`` with ``repo_centering:
+    (raw as in the paper's implementation, or ``centred_logprobs`` with ``lever.centering:
     exact``). For zeta > 0 this boosts rare correct
     tokens and softens the penalty on rare wrong ones (entropy up); zeta < 0 does the reverse.
     """
@@ -72,104 +74,6 @@ def repo_d(advantages: torch.Tensor, logprobs: torch.Tensor, zeta: float) -> tor
     """
     logp = as_float_tensor("logprobs", logprobs).detach()
     return _broadcast_advantages(advantages, logp) - zeta * logp
-
-
-@dataclass
-class ZetaController:
-    """Bidirectional coefficient controller (appendix listing 'Adaptive controller').
-
-    Once per iteration: entropy above target -> relax (halve a positive zeta, flipping to
-    -zeta_min once it falls below zeta_min; double a negative one up to -zeta_max); below
-    target -> push (double a positive zeta up to zeta_max; halve a negative one, flipping to
-    +zeta_min once its magnitude falls below zeta_min). Equal -> unchanged.
-    Paper ranges: REPO-R [1e-4, 0.05], REPO-D [1e-3, 10]; start 1e-3.
-
-    ``factor`` is the step: the listing's 2 (double / halve) by default; a factor f > 1
-    multiplies and divides by f instead, and f = 1 keeps zeta where it started (a project
-    extension for noisy, fast-collapsing runs; docs/demo.md).
-    """
-
-    zeta_min: float
-    zeta_max: float
-    zeta: float = 1e-3
-    factor: float = 2.0
-
-    def __post_init__(self) -> None:
-        if not 0 < self.zeta_min <= self.zeta_max:
-            raise ValueError(
-                f"need 0 < zeta_min <= zeta_max, got zeta_min={self.zeta_min}, zeta_max={self.zeta_max}"
-            )
-        if not self.factor >= 1.0:
-            raise ValueError(
-                f"zeta_factor must be >= 1 (2 = the paper's doubling, 1 = fixed), got {self.factor}"
-            )
-
-    def update(self, entropy: float, target: float) -> float:
-        zeta = self.zeta
-        f = self.factor
-        if entropy > target:
-            if zeta >= 0:
-                zeta /= f
-                if zeta < self.zeta_min:
-                    zeta = -self.zeta_min
-            else:
-                zeta = max(-self.zeta_max, zeta * f)
-        elif entropy < target:
-            if zeta >= 0:
-                zeta = min(self.zeta_max, zeta * f)
-            else:
-                zeta /= f
-                if zeta > -self.zeta_min:
-                    zeta = self.zeta_min
-        self.zeta = zeta
-        return zeta
-
-    def state_dict(self) -> dict[str, float]:
-        # the factor is configuration (the run's algo settings), not state
-        return {"zeta_min": self.zeta_min, "zeta_max": self.zeta_max, "zeta": self.zeta}
-
-    def load_state_dict(self, state: dict[str, float]) -> None:
-        self.zeta_min, self.zeta_max, self.zeta = (
-            state["zeta_min"],
-            state["zeta_max"],
-            state["zeta"],
-        )
-
-
-@dataclass
-class EpsHighController:
-    """ADAPO's adaptive upper clip (Sec. 5, "ADAPO").
-
-    Entropy below target: eps_high <- min(up * eps_high, upper) (allow more entropy increase);
-    above target: eps_high <- max(down * eps_high, lower). Paper: start 0.28 in [0.2, 0.32],
-    x1.05 / x0.95, with eps_low fixed at 0.2.
-    """
-
-    eps_high: float = 0.28
-    lower: float = 0.2
-    upper: float = 0.32
-    up: float = 1.05
-    down: float = 0.95
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.lower <= self.eps_high <= self.upper:
-            raise ValueError(
-                f"need 0 <= lower <= eps_high <= upper, got {self.lower}, {self.eps_high}, {self.upper}"
-            )
-
-    def update(self, entropy: float, target: float) -> float:
-        if entropy < target:
-            self.eps_high = min(self.up * self.eps_high, self.upper)
-        elif entropy > target:
-            self.eps_high = max(self.down * self.eps_high, self.lower)
-        return self.eps_high
-
-    def state_dict(self) -> dict[str, float]:
-        return asdict(self)
-
-    def load_state_dict(self, state: dict[str, float]) -> None:
-        for key, value in state.items():
-            setattr(self, key, value)
 
 
 def sampled_entropy(logprobs: torch.Tensor, mask: torch.Tensor) -> float:
@@ -220,3 +124,96 @@ def entropy_bonus_loss(token_entropies: torch.Tensor, mask: torch.Tensor, beta: 
     In the GRPO + entropy-bonus preset beta is steered by a ZetaController like REPO's zeta.
     """
     return -beta * masked_mean(token_entropies, mask.to(token_entropies.dtype))
+
+
+def token_covariance(
+    advantages: torch.Tensor, logprobs: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """(A - mean A)(log pi - mean log pi) per action token, 0 elsewhere (Cui et al. 2025, Sec. 4;
+    verl ``compute_policy_loss_clip_cov`` / ``compute_policy_loss_kl_cov``).
+
+    The means run over the batch's action tokens (``mask > 0``); ``advantages`` are ``[B]`` or
+    ``[B, T]``. The covariance of a token's advantage and log-prob is what drives the entropy
+    down (the paper's Cor. 1 for softmax policies), so the levers below act on its largest terms.
+    Detached: it selects tokens, it is not differentiated.
+    """
+    logp = as_float_tensor("logprobs", logprobs).detach()
+    adv = _broadcast_advantages(advantages, logp).detach()
+    if not isinstance(mask, torch.Tensor) or mask.shape != logp.shape:
+        raise ValueError(f"mask must have the shape of logprobs {tuple(logp.shape)}")
+    valid = mask > 0
+    if not bool(valid.any()):
+        return torch.zeros_like(logp)
+    centred_adv = adv - adv[valid].mean()
+    centred_logp = logp - logp[valid].mean()
+    return torch.where(valid, centred_adv * centred_logp, torch.zeros_like(logp))
+
+
+def clip_cov_tokens(
+    covariance: torch.Tensor,
+    mask: torch.Tensor,
+    clipped: torch.Tensor,
+    ratio: float,
+    lb: float,
+    ub: float,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Clip-Cov's token choice (verl ``compute_policy_loss_clip_cov``): among action tokens not
+    already clipped by the PPO clip and with lb < covariance < ub, ``max(int(ratio * n), 1)``
+    chosen uniformly at random (n = action tokens); their gradient is then detached.
+
+    Returns a bool ``[B, T]`` mask of the chosen tokens. ``ratio <= 0`` chooses none (the lever
+    is off; verl requires ratio > 0).
+    """
+    chosen = torch.zeros_like(mask, dtype=torch.bool)
+    if ratio <= 0:
+        return chosen
+    valid = mask > 0
+    eligible = (covariance > lb) & (covariance < ub) & valid & ~clipped
+    candidates = eligible.nonzero()
+    count = max(int(ratio * int(valid.sum())), 1)
+    if len(candidates) == 0:
+        return chosen
+    order = torch.randperm(len(candidates), generator=generator)
+    picked = candidates[order[: min(count, len(candidates))]]
+    chosen[picked[:, 0], picked[:, 1]] = True
+    return chosen
+
+
+def kl_cov_tokens(covariance: torch.Tensor, mask: torch.Tensor, ratio: float) -> torch.Tensor:
+    """KL-Cov's token choice (verl ``compute_policy_loss_kl_cov``): the ``max(1, int(n * ratio))``
+    action tokens with the largest covariance (n = action tokens). Bool ``[B, T]``.
+    ``ratio <= 0`` chooses none."""
+    chosen = torch.zeros_like(mask, dtype=torch.bool)
+    valid = (mask > 0).flatten()
+    if ratio <= 0 or not bool(valid.any()):
+        return chosen
+    index = valid.nonzero().flatten()
+    values = covariance.flatten()[index]
+    count = max(1, int(len(values) * ratio))
+    top = index[torch.topk(values, count, largest=True).indices]
+    chosen.view(-1)[top] = True
+    return chosen
+
+
+def kl_cov_penalty(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, chosen: torch.Tensor, kl_coef: float
+) -> torch.Tensor:
+    """KL-Cov's per-token penalty (verl ``compute_policy_loss_kl_cov``): kl_coef * |log pi -
+    log pi_old| on the chosen tokens, 0 elsewhere; subtracted from the objective."""
+    return torch.where(chosen, kl_coef * (logprobs - old_logprobs).abs(), 0.0)
+
+
+def high_entropy_tokens(
+    token_entropies: torch.Tensor, mask: torch.Tensor, quantile: float
+) -> torch.Tensor:
+    """The top-``quantile`` action tokens by entropy (Wang et al. 2025, "Beyond the 80/20 Rule";
+    TRL ``GRPOTrainer.get_high_entropy_mask``): tokens whose entropy is at least the
+    (1 - quantile)-quantile of the action tokens' entropies. ``quantile`` 1 keeps every action
+    token, 0 only the highest. Bool ``[B, T]``."""
+    entropies = as_float_tensor("token_entropies", token_entropies).detach()
+    valid = mask > 0
+    if not bool(valid.any()):
+        return valid
+    threshold = torch.quantile(entropies[valid].float(), 1.0 - quantile)
+    return (entropies * valid >= threshold) & valid

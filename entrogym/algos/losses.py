@@ -1,16 +1,82 @@
 """Clipped policy-gradient objectives: PPO/GRPO/LOOP/DAPO (token ratios) and GSPO (sequence ratio).
 
 Shapes: ``B`` trajectories, ``T`` tokens; ``mask`` is 1 on action tokens (sampled by the policy).
+
+The policy loss is an algorithm's ``loss`` part (registry ``LOSSES``; ``clipped`` with
+:class:`ClipParams`). It works in two stages so that levers and token masks can act between
+them: :func:`clipped_token_objective` gives the per-token objective, and :func:`aggregate`
+reduces it to the scalar loss.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal, get_args
+
 import torch
 
 from entrogym.algos.checks import check_token_inputs
+from entrogym.algos.registry import Registry
 
-LEVELS = ("token", "sequence")
-AGGREGATIONS = ("sequence-mean", "token-mean")
+RatioLevel = Literal["token", "sequence"]
+Aggregation = Literal["sequence-mean", "token-mean"]
+LEVELS: tuple[str, ...] = get_args(RatioLevel)
+AGGREGATIONS: tuple[str, ...] = get_args(Aggregation)
+
+
+@dataclass(frozen=True)
+class ClipParams:
+    """Knobs of the ``clipped`` policy loss.
+
+    Args:
+        eps_low: lower clip: ratios below 1 - eps_low are clipped (None = unclipped; in [0, 1)).
+        eps_high: upper clip: ratios above 1 + eps_high are clipped (None = unclipped; >= 0).
+        ratio_level: ``token`` (PPO-style, one ratio per token) or ``sequence`` (GSPO's geometric
+            mean ratio per trajectory).
+        aggregation: ``sequence-mean`` (the paper's 1/|tau| form) or ``token-mean`` (DAPO's).
+    """
+
+    eps_low: float | None = 0.2
+    eps_high: float | None = 0.2
+    ratio_level: RatioLevel = "token"
+    aggregation: Aggregation = "sequence-mean"
+
+    def __post_init__(self) -> None:
+        if self.eps_low is not None and not 0 <= self.eps_low < 1:
+            raise ValueError(
+                f"algo.loss.eps_low must be in [0, 1) (the ratio's lower bound 1 - eps_low must stay "
+                f"positive) or None, got {self.eps_low}"
+            )
+        if self.eps_high is not None and not self.eps_high >= 0:
+            raise ValueError(f"algo.loss.eps_high must be >= 0 or None, got {self.eps_high}")
+        if self.ratio_level not in LEVELS:
+            raise ValueError(
+                f"algo.loss.ratio_level must be one of {LEVELS}, got {self.ratio_level!r}"
+            )
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(
+                f"algo.loss.aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}"
+            )
+
+
+@dataclass
+class TokenObjective:
+    """The clipped objective per token, before aggregation, and what levers need from it.
+
+    ``objective[B, T]`` is to be maximised (the loss is ``-aggregate(objective)``); ``ratio``
+    is the importance ratio each token's term uses (GSPO's sequence ratio broadcast);
+    ``clipped`` marks action tokens whose clipped branch is strictly the minimum (their
+    gradient is zero: verl's ``clip_by_origin``); ``mask`` is the action mask in the
+    objective's dtype and ``advantages`` are broadcast to ``[B, T]``; ``metrics`` are the clip
+    statistics.
+    """
+
+    objective: torch.Tensor
+    ratio: torch.Tensor
+    clipped: torch.Tensor
+    mask: torch.Tensor
+    advantages: torch.Tensor
+    metrics: dict[str, float]
 
 
 def token_importance_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor) -> torch.Tensor:
@@ -65,7 +131,7 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, aggregation: str) -> tor
     raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
 
 
-def clipped_policy_loss(
+def clipped_token_objective(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
@@ -74,9 +140,8 @@ def clipped_policy_loss(
     eps_low: float | None = None,
     eps_high: float | None = None,
     level: str = "token",
-    aggregation: str = "sequence-mean",
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Negative clipped surrogate objective and its diagnostics.
+) -> TokenObjective:
+    """The clipped surrogate min(A w, A clip(w)) per token, with its diagnostics.
 
     ``level="token"`` is PPO/GRPO/LOOP/DAPO (one ratio per token). ``level="sequence"`` is GSPO:
     every token of trajectory i carries the value of the sequence ratio s_i, with the gradient
@@ -110,9 +175,10 @@ def clipped_policy_loss(
         stat_mask = torch.ones_like(seq_ratio)
 
     objective = clipped_objective(ratio, advantages, low, high)
-    loss = -aggregate(objective, mask, aggregation)
 
     with torch.no_grad():
+        r_tok = ratio.detach()
+        clipped = (advantages * r_tok.clamp(low, high) < advantages * r_tok) & (mask > 0)
         n_counted = stat_mask.sum()
         r = stat_ratio.detach()
         clipped_low = (stat_adv < 0) & (r < low) & (stat_mask > 0)
@@ -125,4 +191,52 @@ def clipped_policy_loss(
             "ratio_max": float(r.masked_fill(stat_mask == 0, -float("inf")).max()),
             "approx_kl": float((k3.detach() * mask).sum() / mask.sum()),
         }
-    return loss, metrics
+    return TokenObjective(objective, ratio, clipped, mask, advantages, metrics)
+
+
+def clipped_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    eps_low: float | None = None,
+    eps_high: float | None = None,
+    level: str = "token",
+    aggregation: str = "sequence-mean",
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Negative clipped surrogate objective (``clipped_token_objective`` aggregated) and its
+    diagnostics."""
+    terms = clipped_token_objective(
+        logprobs, old_logprobs, advantages, mask, eps_low=eps_low, eps_high=eps_high, level=level
+    )
+    return -aggregate(terms.objective, terms.mask, aggregation), terms.metrics
+
+
+# A policy loss is fn(logprobs, old_logprobs, advantages, mask, params, eps_low, eps_high) ->
+# TokenObjective; the clip range is passed apart from the params because a lever may move it
+# (ADAPO's upper clip).
+LOSSES: Registry = Registry("loss")
+register_loss = LOSSES.register
+
+
+@register_loss("clipped", params=ClipParams)
+def _clipped(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    params: ClipParams,
+    eps_low: float | None,
+    eps_high: float | None,
+) -> TokenObjective:
+    """PPO's clipped surrogate min(A w, A clip(w)), with token or sequence (GSPO) ratios."""
+    return clipped_token_objective(
+        logprobs,
+        old_logprobs,
+        advantages,
+        mask,
+        eps_low=eps_low,
+        eps_high=eps_high,
+        level=params.ratio_level,
+    )

@@ -1,210 +1,231 @@
-"""The named algorithms with the paper's defaults (paper Sec. 2 "Preliminaries", Sec. 5, appendix "Training").
+"""The named algorithms: compositions of parts holding the paper's values (paper Sec. 2
+"Preliminaries", Sec. 5, appendix "Training"), verl's (Clip-Cov, KL-Cov) and TRL's (adaptive
+entropy).
 
-A preset is data: which advantage estimator, how many epochs and minibatches, where to clip,
-and which registered entropy control (``entrogym.algos.controls``). The trainer and the bandit
-lab hand it to ``policy_update``; nothing here computes anything.
+A preset is data; :func:`build_algorithm` derives a variant from a mapping of typed values,
+the form YAML files hold::
 
-A preset's knobs (what ``get_algorithm(name, **knobs)`` may change) are the common fields plus
-the knobs of its control: ``zeta_max`` is a knob of ``repo-r``, not of ``grpo``.
+    {"name": "repo-d", "controller": {"name": "pi", "kp": 0.3}, "lever": {"centering": "exact"}}
+
+A part given by name alone (``"controller": "pi"``) starts from that part's defaults; knobs
+without a name change the preset's part. Adding a lever to a preset that has none gives it the
+lever's default controller. Nothing here reads text (``entrogym.train.algo_spec`` does).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import typing
-from dataclasses import dataclass, fields, replace
-from typing import Literal, get_args
+from collections.abc import Mapping
+from typing import Any
 
-from entrogym.algos.controls import control_class
-
-# How REPO's shaping log-prob is centred: the paper's raw log pi, or the exact log pi + H(s).
-RepoCentering = Literal["raw", "exact"]
-REPO_CENTERINGS: tuple[str, ...] = get_args(RepoCentering)
-
-# The knobs every preset has; a control adds its own (``EntropyControl.knobs``).
-COMMON_KNOBS = (
-    "advantage",
-    "epochs",
-    "minibatch_size",
-    "eps_low",
-    "eps_high",
-    "ratio_level",
-    "aggregation",
+from entrogym.algos.advantages import GrpoParams
+from entrogym.algos.algorithm import PART_REGISTRIES, UPDATE_KNOBS, AlgorithmConfig
+from entrogym.algos.controllers import (
+    CONTROLLERS,
+    AdditiveParams,
+    ControllerParams,
+    MultiplicativeParams,
+    PaperParams,
 )
+from entrogym.algos.levers import LEVERS
+from entrogym.algos.losses import ClipParams
+from entrogym.algos.registry import Coerce, Part, check_type
 
 
-@dataclass(frozen=True)
-class AlgorithmConfig:
-    """One policy-gradient algorithm.
+def _clip(eps_low: float | None = 0.2, eps_high: float | None = 0.2, **knobs: Any) -> Part:
+    return Part("clipped", ClipParams(eps_low, eps_high, **knobs))
 
-    Attributes:
-        name: preset name.
-        advantage: ``"rloo"`` (leave-one-out) or ``"grpo"`` (group mean/std).
-        epochs: passes over each iteration's experience (1 = strictly on-policy RLOO).
-        minibatch_size: trajectories per optimizer step; ``None`` = all experience in one step.
-            The paper uses 128 on AppWorld and 256 on AIME.
-        eps_low, eps_high: clip range [1 - eps_low, 1 + eps_high]; ``None`` = no clip on that side.
-        ratio_level: ``"token"`` (PPO-style) or ``"sequence"`` (GSPO's geometric mean ratio).
-        aggregation: ``"sequence-mean"`` (the paper's 1/|tau| form) or ``"token-mean"`` (DAPO's).
-        control: a registered entropy control: ``"none"``, ``"repo-r"``, ``"repo-d"``,
-            ``"adapo"``, ``"entropy-bonus"`` or one added with ``register_control``.
-        zeta_init, zeta_min, zeta_max: the ZetaController for REPO's zeta / the bonus's beta
-            (knobs of ``repo-r``, ``repo-d`` and ``entropy-bonus``).
-        zeta_factor: the controller's multiplicative step per iteration. The paper's listing
-            doubles and halves (2.0, the default); a smaller factor (> 1) moves zeta more
-            gently, and 1.0 holds it at ``zeta_init`` (a fixed coefficient). A project knob,
-            not a paper setting (docs/demo.md).
-        eps_high_min, eps_high_max, eps_high_up, eps_high_down: ADAPO's EpsHighController
-            (knobs of ``adapo``).
-        repo_centering: REPO's shaping log-prob: ``"raw"`` log pi (the paper's
-            implementation) or ``"exact"`` log pi + H(s) with the exact per-token entropy
-            (Sec. 5), which makes the scorer compute entropies (knob of ``repo-r`` and
-            ``repo-d``).
-    """
 
-    name: str
-    advantage: str = "rloo"
-    epochs: int = 2
-    minibatch_size: int | None = 128
-    eps_low: float | None = 0.2
-    eps_high: float | None = 0.2
-    ratio_level: str = "token"
-    aggregation: str = "sequence-mean"
-    control: str = "none"
-    zeta_init: float = 1e-3
-    zeta_min: float = 1e-4
-    zeta_max: float = 0.05
-    zeta_factor: float = 2.0
-    eps_high_min: float = 0.2
-    eps_high_max: float = 0.32
-    eps_high_up: float = 1.05
-    eps_high_down: float = 0.95
-    repo_centering: RepoCentering = "raw"
-
-    def __post_init__(self) -> None:
-        if self.advantage not in ("rloo", "grpo"):
-            raise ValueError(f"advantage must be 'rloo' or 'grpo', got {self.advantage!r}")
-        if self.epochs < 1:
-            raise ValueError(f"epochs must be >= 1, got {self.epochs}")
-        if self.minibatch_size is not None and self.minibatch_size < 1:
-            raise ValueError(f"minibatch_size must be >= 1 or None, got {self.minibatch_size}")
-        if self.ratio_level not in ("token", "sequence"):
-            raise ValueError(f"ratio_level must be 'token' or 'sequence', got {self.ratio_level!r}")
-        if self.aggregation not in ("sequence-mean", "token-mean"):
-            raise ValueError(
-                f"aggregation must be 'sequence-mean' or 'token-mean', got {self.aggregation!r}"
-            )
-        if self.repo_centering not in REPO_CENTERINGS:
-            raise ValueError(
-                f"repo_centering must be one of {', '.join(REPO_CENTERINGS)}, "
-                f"got {self.repo_centering!r}"
-            )
-        # Building the control checks its knobs' values (e.g. zeta_min <= zeta_max).
-        control_class(self.control)(self)
-        if self.repo_centering != "raw" and "repo_centering" not in self.knobs:
-            raise ValueError(
-                f"repo_centering={self.repo_centering!r} does not apply to control "
-                f"{self.control!r}; presets that accept it: {', '.join(presets_with('repo_centering'))}"
-            )
-
-    @property
-    def knobs(self) -> tuple[str, ...]:
-        """The fields a user may change: the common ones plus its control's."""
-        return COMMON_KNOBS + control_class(self.control).knobs
-
-    def with_overrides(self, **changes: object) -> AlgorithmConfig:
-        """A copy with some knobs changed; a name that is not one of ``knobs`` raises."""
-        names = {f.name for f in fields(self)}
-        for key in changes:
-            if key not in self.knobs:
-                what = "does not apply to" if key in names else "is not a knob of"
-                accepting = presets_with(key)
-                where = f"presets that accept it: {', '.join(accepting)}; " if accepting else ""
-                raise ValueError(
-                    f"algo: {key!r} {what} preset {self.name!r} (control {self.control!r}); "
-                    f"{where}its knobs: {', '.join(self.knobs)}"
-                )
-        return replace(self, **changes)
-
+_GRPO = Part("grpo", GrpoParams())
 
 ALGORITHMS: dict[str, AlgorithmConfig] = {
     # Strictly on-policy: one epoch, one minibatch holding all experience, nothing to clip.
     "rloo": AlgorithmConfig(
-        "rloo", advantage="rloo", epochs=1, minibatch_size=None, eps_low=None, eps_high=None
+        "rloo", advantage=Part("rloo"), loss=_clip(None, None), epochs=1, minibatch_size=None
     ),
-    "grpo": AlgorithmConfig("grpo", advantage="grpo"),
-    "loop": AlgorithmConfig("loop", advantage="rloo"),
-    "dapo": AlgorithmConfig("dapo", advantage="rloo", eps_low=0.2, eps_high=0.28),
+    "grpo": AlgorithmConfig("grpo", advantage=_GRPO),
+    "loop": AlgorithmConfig("loop", advantage=Part("rloo")),
+    "dapo": AlgorithmConfig("dapo", advantage=Part("rloo"), loss=_clip(0.2, 0.28)),
     "gspo": AlgorithmConfig(
-        "gspo", advantage="rloo", eps_low=3e-4, eps_high=4e-4, ratio_level="sequence"
+        "gspo", advantage=Part("rloo"), loss=_clip(3e-4, 4e-4, ratio_level="sequence")
     ),
+    # REPO's zeta ranges (REPO-R [1e-4, 0.05], REPO-D [1e-3, 10], start 1e-3) are the levers'.
     "repo-r": AlgorithmConfig(
-        "repo-r", advantage="grpo", control="repo-r", zeta_min=1e-4, zeta_max=0.05
+        "repo-r",
+        advantage=_GRPO,
+        lever=LEVERS.part("repo-r"),
+        controller=Part("paper", PaperParams()),
     ),
     "repo-d": AlgorithmConfig(
-        "repo-d", advantage="grpo", control="repo-d", zeta_min=1e-3, zeta_max=10.0
+        "repo-d",
+        advantage=_GRPO,
+        lever=LEVERS.part("repo-d"),
+        controller=Part("paper", PaperParams()),
     ),
+    # eps_high starts at the loss's 0.28 and moves x1.05 / x0.95 within [0.2, 0.32].
     "adapo": AlgorithmConfig(
-        "adapo", advantage="rloo", eps_low=0.2, eps_high=0.28, control="adapo"
+        "adapo",
+        advantage=Part("rloo"),
+        loss=_clip(0.2, 0.28),
+        lever=Part("clip-high"),
+        controller=Part("multiplicative", MultiplicativeParams()),
     ),
     # beta plays REPO-D's zeta (the appendix shows REPO-D == an entropy bonus with that
-    # coefficient), so it takes REPO-D's controller range.
+    # coefficient), so the lever takes REPO-D's range.
     "grpo-entropy-bonus": AlgorithmConfig(
         "grpo-entropy-bonus",
-        advantage="grpo",
-        control="entropy-bonus",
-        zeta_min=1e-3,
-        zeta_max=10.0,
+        advantage=_GRPO,
+        lever=Part("entropy-bonus"),
+        controller=Part("paper", PaperParams()),
+    ),
+    # TRL 1.16's use_adaptive_entropy on GRPO: the bonus's beta from 0 in [0, 1], +-0.005 per
+    # optimizer step toward 0.2 nats, applied only while the entropy is at or below it.
+    "grpo-adaptive-entropy": AlgorithmConfig(
+        "grpo-adaptive-entropy",
+        advantage=_GRPO,
+        lever=Part("entropy-bonus"),
+        controller=Part(
+            "additive",
+            AdditiveParams(
+                target=0.2,
+                target_unit="nats",
+                step="optimizer",
+                init=0.0,
+                min=0.0,
+                max=1.0,
+                delta=0.005,
+                gate=True,
+            ),  # fmt: skip
+        ),
+    ),
+    # verl's Clip-Cov and KL-Cov modes with verl's defaults: token-mean aggregation, clip 0.2
+    # for Clip-Cov and none for KL-Cov, a fixed coefficient.
+    "clip-cov": AlgorithmConfig(
+        "clip-cov",
+        advantage=_GRPO,
+        loss=_clip(0.2, 0.2, aggregation="token-mean"),
+        lever=LEVERS.part("clip-cov"),
+        controller=Part("fixed", ControllerParams()),
+    ),
+    "kl-cov": AlgorithmConfig(
+        "kl-cov",
+        advantage=_GRPO,
+        loss=_clip(None, None, aggregation="token-mean"),
+        lever=LEVERS.part("kl-cov"),
+        controller=Part("fixed", ControllerParams()),
     ),
 }
 
+# Keys of an algorithm mapping besides the parts.
+TOP_KEYS = ("name", *UPDATE_KNOBS)
 
-def _preset(name: str) -> AlgorithmConfig:
+
+def preset(name: str) -> AlgorithmConfig:
+    """The preset called ``name`` (ValueError listing the presets)."""
     if name not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm {name!r}; known presets: {', '.join(ALGORITHMS)}")
+        raise ValueError(f"unknown algorithm {name!r}; presets: {', '.join(ALGORITHMS)}")
     return ALGORITHMS[name]
 
 
-def get_algorithm(name: str, **overrides: object) -> AlgorithmConfig:
-    """The preset called ``name``, optionally with some of its knobs changed."""
-    preset = _preset(name)
-    return preset.with_overrides(**overrides) if overrides else preset
+def get_algorithm(name: str) -> AlgorithmConfig:
+    """The preset called ``name``, as the paper (or verl, TRL) sets it."""
+    return preset(name)
 
 
-def preset_knobs(name: str) -> tuple[str, ...]:
-    """The knobs of preset ``name``: the common ones plus its control's own."""
-    return _preset(name).knobs
+def presets_with_lever() -> list[str]:
+    return [n for n, p in ALGORITHMS.items() if p.controller is not None]
 
 
-def presets_with(knob: str) -> list[str]:
-    """The presets that have ``knob`` (e.g. ``repo_centering``: repo-r, repo-d)."""
-    return [name for name, preset in ALGORITHMS.items() if knob in preset.knobs]
+def split_part(kind: str, value: Any) -> tuple[str | None, dict[str, Any]]:
+    """A part's value in a mapping: a name, or ``{name?: ..., knob: value}``."""
+    if isinstance(value, str):
+        return value, {}
+    if isinstance(value, Mapping):
+        knobs = dict(value)
+        name = knobs.pop("name", None)
+        if name is not None and not isinstance(name, str):
+            raise ValueError(f"algo.{kind}: name must be a string, got {name!r}")
+        return name, knobs
+    raise ValueError(
+        f"algo.{kind}: expected a name or a mapping of knobs, got {value!r} "
+        f"(e.g. {kind}: {{name: ..., knob: value}})"
+    )
 
 
-def parse_knob_value(knob: str, text: str) -> object:
-    """``text`` converted to the type of ``AlgorithmConfig.<knob>`` ("none" for optional ones)."""
-    hints = typing.get_type_hints(AlgorithmConfig)
-    if knob not in hints:
-        raise ValueError(f"unknown preset knob {knob!r}; known: {', '.join(sorted(hints))}")
-    return convert(knob, text, hints[knob])
-
-
-def convert(name: str, text: str, hint: object) -> object:
-    """``text`` as a value of type ``hint`` (int, float, str, bool, or Optional of those)."""
-    text = str(text).strip()
-    args = typing.get_args(hint)
-    if type(None) in args:
-        if text.lower() in ("none", "null"):
-            return None
-        hint = next(a for a in args if a is not type(None))
-    try:
-        if hint is bool:
-            if text.lower() not in ("true", "false"):
-                raise ValueError
-            return text.lower() == "true"
-        if hint in (int, float):
-            return hint(text)
-    except ValueError:
+def _chosen(kind: str, base: Part | None, value: Any, coerce: Coerce | None) -> Part:
+    """The part ``kind`` of a variant: the preset's ``base`` with knobs changed, or a part given
+    by another name from that part's defaults."""
+    registry = PART_REGISTRIES[kind]
+    name, knobs = split_part(kind, value)
+    if kind == "lever" and name is None and base is not None and base.name == "none" and knobs:
         raise ValueError(
-            f"{name}: cannot read {text!r} as {getattr(hint, '__name__', hint)}"
-        ) from None
-    return text
+            f"algo.lever.{next(iter(knobs))}: this preset has no lever; presets with a lever: "
+            f"{', '.join(presets_with_lever())} (or name one with algo.lever)"
+        )
+    if name is None or (base is not None and name == base.name):
+        if base is None:
+            raise ValueError(f"algo.{kind}: name the {kind} to use (e.g. {kind}: {{name: ...}})")
+        changed = registry.params(base.name, knobs, coerce)  # checks and types the given knobs
+        given = {k: getattr(changed, k) for k in knobs}
+        return Part(base.name, registry.params(base.name, {**base.knobs(), **given}))
+    return registry.part(name, knobs, coerce)
+
+
+def build_algorithm(
+    spec: str | Mapping[str, Any] | AlgorithmConfig, coerce: Coerce | None = None
+) -> AlgorithmConfig:
+    """The algorithm a preset name or mapping describes (module doc). Unknown presets, parts and
+    knobs, and values a part refuses, raise a ValueError saying what is valid. ``coerce`` types
+    the values first (a command line's text; see ``entrogym.algos.registry.Coerce``)."""
+    if isinstance(spec, AlgorithmConfig):
+        return spec
+    if isinstance(spec, str):
+        spec = {"name": spec}
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"algo: expected a preset name or a mapping, got {spec!r}")
+    values = dict(spec)
+    if "name" not in values:
+        raise ValueError(f"algo: name the preset (algo.name); presets: {', '.join(ALGORITHMS)}")
+    base = preset(values.pop("name"))
+    unknown = [k for k in values if k not in UPDATE_KNOBS and k not in PART_REGISTRIES]
+    if unknown:
+        raise ValueError(
+            f"algo.{unknown[0]} is not a setting of an algorithm; its settings: "
+            f"{', '.join((*TOP_KEYS, *PART_REGISTRIES))} (a part's knobs go under it, e.g. "
+            "algo.controller.max, algo.loss.eps_high)"
+        )
+    parts: dict[str, Any] = {}
+    for kind in ("advantage", "loss", "mask", "lever"):
+        base_part = getattr(base, kind)
+        given = values.get(kind)
+        parts[kind] = base_part if given is None else _chosen(kind, base_part, given, coerce)
+    parts["controller"] = _controller(base, parts["lever"], values, coerce)
+    hints = typing.get_type_hints(AlgorithmConfig)
+    update = {}
+    for key in (k for k in UPDATE_KNOBS if k in values):
+        value = values[key] if coerce is None else coerce(key, values[key], hints[key])
+        check_type(key, value, hints[key])
+        update[key] = value
+    return dataclasses.replace(base, **parts, **update)
+
+
+def _controller(
+    base: AlgorithmConfig, lever: Part, values: dict[str, Any], coerce: Coerce | None
+) -> Part | None:
+    """The variant's controller: the preset's (or, for a preset without a lever, the new lever's
+    default controller), changed as ``values["controller"]`` says."""
+    given = values.get("controller")
+    if LEVERS.get(lever.name).coefficient is None:
+        if given is not None:
+            raise ValueError(
+                f"algo.controller: preset {base.name!r} has no lever, so nothing to control; "
+                f"presets with a lever: {', '.join(presets_with_lever())} (or add one with "
+                "algo.lever)"
+            )
+        return None
+    start = base.controller
+    if start is None:
+        default = LEVERS.get(lever.name).controller_by_default()
+        start = Part(default, CONTROLLERS.params(default))
+    return start if given is None else _chosen("controller", start, given, coerce)

@@ -8,13 +8,16 @@ step (unscale, clip, step) and how to clear gradients; everything algorithmic ha
     for each epoch, for each minibatch:
         zero_grad()
         for each micro-batch: score (+ entropies if control.needs_entropy)
-                              -> control.shape_advantages -> clipped_policy_loss
-                              (+ control.extra_loss) -> backward(weighted loss)
+                              -> lever.shape_advantages -> the loss's per-token objective
+                              -> lever.adjust_objective -> token mask -> aggregate
+                              (+ lever.extra_loss) -> backward(weighted loss)
         step()                      (skipped when any part was non-finite)
+        [controller fed every optimizer step: observe_step(the minibatch's exact entropy)]
+    [controller fed every iteration: observe(the experience's sampled entropy)]
 
-The advantages are computed once, in ``UpdateBatch.build``. The control moves once per
-iteration, after the update, from the entropy of the experience the iteration was trained on;
-its target is the entropy of the first iteration (paper Sec. 5).
+The advantages are computed once, in ``UpdateBatch.build``. By default (the paper's) the
+controller moves once per iteration, after the update, from the entropy of the experience the
+iteration was trained on; its target is the entropy of the first iteration (paper Sec. 5).
 
 Old log-probs: when ``batch.old_logprobs`` is ``None`` the update scores them itself. The rows of
 the first minibatch of the first epoch are still on-policy when they are scored for the loss,
@@ -30,9 +33,10 @@ from collections.abc import Callable
 import torch
 
 from entrogym.algos.advantages import zero_advantage_groups
-from entrogym.algos.controls import EntropyControl
+from entrogym.algos.control import EntropyControl
 from entrogym.algos.entropy import sampled_entropy
-from entrogym.algos.losses import clipped_policy_loss
+from entrogym.algos.levers import LeverInputs
+from entrogym.algos.losses import LOSSES, aggregate
 from entrogym.algos.update_batch import (
     Rows,
     UpdateBatch,
@@ -52,8 +56,9 @@ StepFn = Callable[[], bool]
 # zero_grad(): clear the accumulated gradients (the update calls it before every minibatch)
 ZeroGradFn = Callable[[], None]
 
-# Reported by every update (None where the control has no such coefficient).
-CONTROL_METRICS = ("zeta", "beta", "eps_high")
+# Reported by every update (None where the algorithm has no such coefficient): the built-in
+# levers' coefficients under their paper names.
+CONTROL_METRICS = ("zeta", "beta", "eps_high", "kl_coef", "clip_cov_ratio")
 
 
 class _Tally:
@@ -63,6 +68,7 @@ class _Tally:
         self.sums: dict[str, float] = {}
         self.ratio_maxes: list[float] = []
         self.chunks = self.steps = self.skipped = 0
+        self.step_entropy = [0.0, 0.0]  # [sum of H over trained tokens, their count]
 
     def add(self, metrics: dict[str, float], loss: torch.Tensor) -> None:
         metrics = {**metrics, "loss": float(loss.detach())}
@@ -75,6 +81,17 @@ class _Tally:
         self.steps += int(stepped)
         self.skipped += int(not stepped)
 
+    def add_step_entropy(self, entropies: torch.Tensor, mask: torch.Tensor) -> None:
+        """Accumulate one micro-batch's exact token entropies for the step's mean."""
+        self.step_entropy[0] += float((entropies * mask).sum())
+        self.step_entropy[1] += float(mask.sum())
+
+    def pop_step_entropy(self) -> float | None:
+        """The token-weighted mean entropy of this optimizer step's minibatch (then reset)."""
+        total, count = self.step_entropy
+        self.step_entropy = [0.0, 0.0]
+        return total / count if count > 0 else None
+
     def summary(self) -> dict[str, float]:
         out = {key: value / max(self.chunks, 1) for key, value in self.sums.items()}
         out["ratio_max"] = max(self.ratio_maxes, default=float("nan"))
@@ -86,22 +103,29 @@ def micro_batch_loss(
     rows: Rows,
     logprobs: torch.Tensor,
     entropies: torch.Tensor | None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """The control's advantages -> ``clipped_policy_loss`` (+ the control's extra term)."""
-    config = control.config
-    advantages = control.shape_advantages(rows.advantages, logprobs, entropies)
-    loss, metrics = clipped_policy_loss(
-        logprobs,
-        rows.old_logprobs,
-        advantages,
-        rows.mask,
-        eps_low=control.lower_clip,
-        eps_high=control.upper_clip,
-        level=config.ratio_level,
-        aggregation=config.aggregation,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+    """The algorithm's loss on one micro-batch: the lever's advantages -> the policy loss's
+    per-token objective -> the lever's adjustment -> the token mask -> aggregation (+ the
+    lever's extra term). Also returns the mask of the tokens the loss trains on."""
+    config, lever, coef = control.config, control.lever, control.coefficient
+    advantages = lever.shape_advantages(rows.advantages, logprobs, entropies, coef)
+    eps_low, eps_high = control.clip_range()
+    loss_fn = LOSSES.get(config.loss.name)
+    terms = loss_fn(
+        logprobs, rows.old_logprobs, advantages, rows.mask, config.loss.params, eps_low, eps_high
     )
-    extra = control.extra_loss(logprobs, entropies, rows.mask)
-    return (loss if extra is None else loss + extra), metrics
+    inputs = LeverInputs(logprobs, rows.old_logprobs, generator)
+    objective, metrics = lever.adjust_objective(terms, inputs, coef)
+    trained = rows.mask
+    keep = control.mask.keep(terms.mask, entropies)
+    if keep is not None:
+        objective = objective * keep.to(objective.dtype)
+        metrics["token_mask_share"] = float(keep.sum() / (terms.mask > 0).sum())
+        trained = keep.to(rows.mask.dtype)  # the bonus acts on the kept tokens too (as TRL's)
+    loss = -aggregate(objective, terms.mask, config.loss.params.aggregation)
+    extra = lever.extra_loss(logprobs, entropies, trained, coef)
+    return (loss if extra is None else loss + extra), {**terms.metrics, **metrics}, trained
 
 
 def score_old_logprobs(
@@ -125,6 +149,7 @@ def accumulate_minibatch(
     micro_batch_size: int | None,
     tally: _Tally,
     reuse_scores: bool = False,
+    generator: torch.Generator | None = None,
 ) -> bool:
     """Back-propagate one minibatch micro-batch by micro-batch (gradient accumulation).
 
@@ -146,11 +171,14 @@ def accumulate_minibatch(
             finite = False
             continue
         rows = batch.rows(index)
-        loss, metrics = micro_batch_loss(control, rows, logprobs, entropies)
+        loss, metrics, trained = micro_batch_loss(control, rows, logprobs, entropies, generator)
         finite = bool(torch.isfinite(loss))
         if finite:
-            backward(loss * micro_weight(control.config.aggregation, rows.mask, minibatch_mask))
+            aggregation = control.config.loss.params.aggregation
+            backward(loss * micro_weight(aggregation, rows.mask, minibatch_mask))
         tally.add(metrics, loss)
+        if control.steps_per_optimizer_step and entropies is not None:
+            tally.add_step_entropy(entropies.detach(), trained)
     return finite
 
 
@@ -184,6 +212,10 @@ def policy_update(
     reuse = batch.old_logprobs is None
     entropy = None if reuse else sampled_entropy(batch.old_logprobs, batch.mask)
     tally = _Tally()
+    # Clip-Cov draws tokens at random: its own stream, so the minibatch order is untouched.
+    lever_generator = None if generator is None else torch.Generator()
+    if lever_generator is not None:
+        lever_generator.manual_seed(generator.initial_seed() + 1)
     for _ in range(config.epochs):
         for minibatch in minibatch_indices(len(batch), config.minibatch_size, generator):
             zero_grad()
@@ -196,6 +228,7 @@ def policy_update(
                 micro_batch_size=micro_batch_size,
                 tally=tally,
                 reuse_scores=reuse,
+                generator=lever_generator,
             )
             if reuse:  # every old log-prob is known before the first step
                 rest = _other_rows(minibatch, len(batch))
@@ -203,6 +236,9 @@ def policy_update(
                 entropy = sampled_entropy(batch.old_logprobs, batch.mask)
                 reuse = False
             tally.count_step(step() if finite else False)
+            step_entropy = tally.pop_step_entropy()
+            if finite and step_entropy is not None:
+                control.observe_step(step_entropy)  # TRL's: the step's entropy, every step
     zero_grad()  # drops what a skipped last minibatch accumulated
     out: dict[str, float | None] = {
         **tally.summary(),
@@ -215,4 +251,5 @@ def policy_update(
         **control.metrics(),
     }
     control.observe(entropy)
+    out.update(control.target_metrics(entropy))
     return out

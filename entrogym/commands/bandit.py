@@ -6,20 +6,19 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from entrogym.commands.options import make_parser, parse_options, run_command
 from entrogym.theory.lab import LabConfig
-from entrogym.train.config import AlgoKnobs, set_knobs
 
 PROG = "entrogym bandit"
 DESCRIPTION = (
     "Train a tabular softmax policy on bandits with every preset. "
     "`entrogym bandit sweep --algos PRESET --KNOB V1,V2 ...` runs the lab over a grid of lab "
-    "and preset knobs (e.g. --lr 4,16 --algo.zeta_max 0.05,0.5 --algo.repo_centering "
-    "raw,exact) and writes a table and heatmaps; see `entrogym bandit sweep --help`."
+    "and algorithm options (e.g. --lr 4,16 --algo.controller paper,pi) and writes a table and "
+    "heatmaps; see `entrogym bandit sweep --help`."
 )
 
 
@@ -28,14 +27,14 @@ class BanditOptions(LabConfig):
     """The lab's settings, plus where to write.
 
     Args:
-        algos: presets to train, as words or comma-separated (``--algos rloo,grpo``).
-        algo: preset knobs applied to every chosen preset that has them
-            (``--algo.zeta-max 0.5``); naming one that no chosen preset has is an error.
+        algos: presets or labelled variants to train, as words or comma-separated
+            (``--algos rloo,grpo "repo-d --algo.controller pi"``).
+        algo: algorithm options applied to every chosen preset (``--algo.controller pi``);
+            lever and controller options apply to the presets that have a lever.
         out: output folder (metrics.jsonl, summary.json, entropy.png).
         json: print the summary as one JSON object.
     """
 
-    algo: AlgoKnobs = field(default_factory=AlgoKnobs)  # type: ignore[valid-type]
     out: str = "runs/bandit"
     json: bool = False
 
@@ -43,22 +42,13 @@ class BanditOptions(LabConfig):
         """The :class:`LabConfig` these options describe (validated)."""
         values = {f.name: getattr(self, f.name) for f in fields(LabConfig)}
         values["algos"] = [a.strip() for word in self.algos for a in word.split(",") if a.strip()]
-        knobs = self.algo if isinstance(self.algo, AlgoKnobs) else AlgoKnobs(**dict(self.algo))
-        values["knobs"] = {**self.knobs, **set_knobs(knobs)}
         lab = LabConfig(**values)
         lab.validate()
         return lab
 
 
 def build_parser() -> Any:
-    # the nested --algo.* options are how knobs are given here, so the raw dict is not an option
-    return make_parser(
-        PROG,
-        DESCRIPTION,
-        BanditOptions,
-        preset_groups=(),
-        skip=("knobs",),
-    )
+    return make_parser(PROG, DESCRIPTION, BanditOptions)
 
 
 def cli(argv: list[str]) -> int:

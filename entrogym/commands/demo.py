@@ -20,8 +20,8 @@ class DemoOptions:
     Args:
         out: output folder (must be empty or new).
         algos: runs to compare, as words or comma-separated: a preset (the paper's values) or
-            a labelled variant ``preset:knob=value:...``, e.g.
-            ``repo-r:zeta_init=0.05:zeta_max=0.5``.
+            a labelled variant, the preset followed by its algorithm options, e.g.
+            ``"repo-d --algo.controller pi --algo.controller.kp 0.3"``.
         iterations: RL iterations per run.
         lr: AdamW learning rate of the LoRA.
         eval_tasks: held-out tasks per evaluation (0: no held-out evaluation).
@@ -46,7 +46,7 @@ class DemoOptions:
         from entrogym.algos.presets import ALGORITHMS
         from entrogym.demo.config import parse_run
 
-        # words or comma-separated: --algos grpo,repo-r:zeta_max=0.5
+        # words or comma-separated: --algos grpo,"repo-d --algo.controller pi"
         self.algos = [a.strip() for word in self.algos for a in word.split(",") if a.strip()]
         if not self.algos:
             raise ValueError(f"algos: empty list; choose from {', '.join(ALGORITHMS)}")

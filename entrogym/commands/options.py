@@ -8,7 +8,9 @@ command line, whatever the field is called:
 - ``--tasks-per-iter 8`` and ``--tasks_per_iter 8`` (``--help`` shows the dashed spelling);
 - a bare boolean flag ``--resume`` as well as ``--resume true`` / ``--resume false``;
 - a list as several words ``--engine-urls URL1 URL2`` or as one ``"[URL1, URL2]"``;
-- a preset by name, ``--algo repo-r``, next to its nested knobs ``--algo.zeta-max 0.5``.
+- the algorithm as ``--algo repo-d --algo.controller pi --algo.controller.kp 0.3``: these
+  options are read by ``entrogym.train.algo_spec`` (one spelling for every command and label)
+  and merged over a YAML file's ``algo:`` mapping.
 """
 
 from __future__ import annotations
@@ -19,21 +21,25 @@ import sys
 import typing
 from collections.abc import Callable, Iterable
 from dataclasses import fields, is_dataclass
-from pathlib import Path
 from typing import Any
 
 from jsonargparse import ActionConfigFile, ArgumentParser
-from jsonargparse._actions import _ActionConfigLoad
+
+from entrogym.train.algo_spec import algo_args_mapping, algo_help, merge_specs, split_algo_args
 
 BOOL_WORDS = frozenset({"true", "false", "yes", "no", "True", "False", "1", "0"})
 _OPTION = re.compile(r"--[A-Za-z0-9_.]+")
 
 
 class CommandParser(ArgumentParser):
-    """A jsonargparse parser whose help and usage show options with dashes (``--max-tasks``)."""
+    """A jsonargparse parser whose help and usage show options with dashes (``--max-tasks``),
+    and whose help ends with every algorithm option when the command takes ``--algo``."""
+
+    takes_algo = False
 
     def format_help(self) -> str:
-        return _dashed(super().format_help())
+        text = _dashed(super().format_help())
+        return f"{text}\n{algo_help()}\n" if self.takes_algo else text
 
     def format_usage(self) -> str:
         return _dashed(super().format_usage())
@@ -43,22 +49,10 @@ def _dashed(text: str) -> str:
     return _OPTION.sub(lambda m: "--" + m.group(0)[2:].replace("_", "-"), text)
 
 
-class _PresetOrConfig(_ActionConfigLoad):
-    """The ``--algo`` group: a bare word is the preset's name, anything else is a mapping."""
-
-    def _load_config(self, value: Any, parser: Any) -> Any:
-        if isinstance(value, str):
-            text = value.strip()
-            if text and text[0] not in "{[" and not Path(text).is_file() and ":" not in text:
-                value = json.dumps({"name": text})
-        return super()._load_config(value, parser)
-
-
 def make_parser(
     prog: str,
     description: str,
     config_cls: type | None = None,
-    preset_groups: Iterable[str] = ("algo",),
     skip: Iterable[str] = (),
     positionals: Iterable[str] = (),
 ) -> CommandParser:
@@ -83,11 +77,15 @@ def make_parser(
             # normalise_argv turns several words into the list, so show that spelling
             word = "URL" if "url" in action.dest else action.dest.upper().rstrip("S")
             action.metavar = f"{word} [{word} ...]"
-        if isinstance(action, _ActionConfigLoad) and action.dest in set(preset_groups):
-            action.__class__ = _PresetOrConfig
-            action.metavar = "NAME"
-            action.help = "preset name (its knobs are the options below)"
+        if action.dest == "algo":
+            action.metavar = "PRESET"
+            action.help = "the algorithm's preset; its options are listed at the end"
+    parser.takes_algo = config_cls is not None and _has_algo(config_cls)
     return parser
+
+
+def _has_algo(config_cls: type) -> bool:
+    return any(f.name == "algo" for f in fields(config_cls))
 
 
 def _add_positionals(parser: ArgumentParser, config_cls: type, names: tuple[str, ...]) -> None:
@@ -169,9 +167,12 @@ def normalise_argv(parser: ArgumentParser, argv: list[str]) -> list[str]:
     return out
 
 
-def config_from(namespace: Any, config_cls: type) -> Any:
-    """An instance of the dataclass ``config_cls`` from a parsed namespace."""
+def config_from(namespace: Any, config_cls: type, algo_tokens: list[str] = ()) -> Any:
+    """An instance of the dataclass ``config_cls`` from a parsed namespace; ``algo_tokens``
+    (``--algo...`` options) are merged over the namespace's ``algo`` (from a YAML file)."""
     values = namespace.as_dict() if hasattr(namespace, "as_dict") else dict(namespace)
+    if algo_tokens:
+        values["algo"] = merge_specs(values.get("algo"), algo_args_mapping(list(algo_tokens)))
     return config_cls(**{f.name: values[f.name] for f in fields(config_cls) if f.name in values})
 
 
@@ -189,8 +190,11 @@ def parse_options(parser: ArgumentParser, argv: list[str], config_cls: type) -> 
     """``config_cls`` from ``argv``: bad options or values raise ValueError."""
     if not is_dataclass(config_cls):
         raise TypeError(f"{config_cls!r} is not a dataclass")
+    algo_tokens: list[str] = []
+    if _has_algo(config_cls):  # --algo... options have their own reader (algo_spec)
+        algo_tokens, argv = split_algo_args(argv)
     try:
-        return config_from(parse_namespace(parser, argv), config_cls)
+        return config_from(parse_namespace(parser, argv), config_cls, algo_tokens)
     except TypeError as exc:  # a dataclass refusing a value
         raise ValueError(str(exc)) from exc
 

@@ -25,7 +25,10 @@ SYSTEM_PROMPT = "You are a careful calculator. Answer with the final number in \
 # ends at <= FALL of its own, on every seed.
 KEEP, FALL = 0.7, 0.5
 # The runs, iterations, learning rate and seeds of ``make demo`` (the sweep in docs/demo.md).
-DEFAULT_RUNS = ("grpo", "repo-r:zeta_init=0.1:zeta_max=0.2:zeta_factor=1.25")
+DEFAULT_RUNS = (
+    "grpo",
+    "repo-r --algo.controller.init 0.1 --algo.controller.max 0.2 --algo.controller.factor 1.25",
+)
 DEFAULT_ITERATIONS = 15
 DEFAULT_LR = 1e-3
 DEFAULT_SEEDS = (0, 1)
@@ -91,24 +94,13 @@ def demo_config(
 
 
 def parse_run(spec: str) -> tuple[str, str, dict[str, Any]]:
-    """``preset`` or ``preset:knob=value:...`` -> (label, folder name, algo dict).
+    """A run: a preset, or a labelled variant in the one spelling of algorithms
+    (``repo-d --algo.controller pi --algo.controller.kp 0.3``) -> (label, folder name, algo
+    mapping). The presets keep the paper's values. Unknown presets, parts and knobs, and values
+    a knob does not take, raise ValueError naming them."""
+    from entrogym.train.algo_spec import label, parse_label, typed_spec
 
-    The presets keep the paper's values; a knob makes a labelled variant, e.g.
-    ``repo-r:zeta_init=0.05:zeta_max=0.5`` -> ``repo-r (zeta_init=0.05, zeta_max=0.5)``.
-    Unknown presets and knobs, and values a knob does not take, raise ValueError naming them."""
-    from entrogym.algos.presets import get_algorithm, parse_knob_value
-
-    name, *pairs = spec.split(":")
-    knobs: dict[str, object] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not value:
-            raise ValueError(f"algos: {spec!r}: write each knob as knob=VALUE, got {pair!r}")
-        knobs[key] = parse_knob_value(key, value)  # typed as the knob (float, int, word)
-    get_algorithm(name, **knobs)  # ValueError naming an unknown preset, knob or bad value
-    if not knobs:
-        return name, name, {"name": name}
-    shown = {k: f"{v:g}" if isinstance(v, float) else v for k, v in knobs.items()}
-    label = f"{name} ({', '.join(f'{k}={v}' for k, v in shown.items())})"
-    folder = name + "".join(f"-{k}{v}" for k, v in shown.items())
-    return label, folder, {"name": name, **knobs}
+    spec_map = typed_spec(parse_label(spec))  # ValueError naming what is wrong
+    name = label(spec_map)
+    folder = "".join(c if c.isalnum() or c in "-_." else "_" for c in name.replace("--algo.", ""))
+    return name, "_".join(part for part in folder.split("_") if part), spec_map

@@ -10,7 +10,10 @@ Logged per (algorithm, seed, iteration) in ``metrics.jsonl``:
 ``entropy_sampled`` the controllers' estimate (mean -log pi over the iteration's sampled arms,
 ``sampled_entropy``) of the policy that collected the experience; ``reward`` exact expected
 reward after the update; ``reward_sampled`` the experience's mean reward; clip fractions, KL,
-and ``zeta`` / ``beta`` / ``eps_high`` as used in the iteration.
+and the lever's coefficient (``zeta``, ``beta``, ``eps_high``, ...) as used in the iteration.
+
+An entry of ``LabConfig.algos`` is a preset or a labelled variant in the one spelling of
+``entrogym.train.algo_spec``: ``"repo-d --algo.controller pi --algo.controller.kp 0.3"``.
 """
 
 from __future__ import annotations
@@ -29,16 +32,13 @@ import entrogym  # noqa: F401  (registers entrogym/Bandit-v0)
 from entrogym.algos import (
     ALGORITHMS,
     AlgorithmConfig,
+    EntropyControl,
     UpdateBatch,
-    make_control,
     policy_update,
-    preset_knobs,
     token_entropy_from_logits,
 )
 from entrogym.theory.tabular import INITS, TabularSoftmaxPolicy, initial_logits
-
-# A lab entry is a preset or a labelled variant ("repo-r (zeta_max=0.5)"), resolved here.
-from entrogym.theory.variants import get_algorithm, parse_variant
+from entrogym.train.algo_spec import label, merge_specs, parse_label, resolve_algorithm
 
 OPTIMIZERS = ("sgd", "adam")
 # Beside the paper-cap presets, `entrogym bandit` runs these variants scaled to the toy, taken
@@ -47,10 +47,10 @@ OPTIMIZERS = ("sgd", "adam")
 # that same step count too; REPO-D and the bonus hold with a smaller cap than the paper's 10.
 # ADAPO has no variant: no clip setting held entropy in this toy (see the regime map).
 TOY_VARIANTS = (
-    "grpo (epochs=1 minibatch_size=None)",
-    "repo-r (zeta_max=0.5 epochs=1 minibatch_size=None)",
-    "repo-d (zeta_max=0.5)",
-    "grpo-entropy-bonus (zeta_max=0.2)",
+    "grpo --algo.epochs 1 --algo.minibatch-size none",
+    "repo-r --algo.controller.max 0.5 --algo.epochs 1 --algo.minibatch-size none",
+    "repo-d --algo.controller.max 0.5",
+    "grpo-entropy-bonus --algo.controller.max 0.2",
 )
 LOGGED_METRICS = ("clip_frac_low", "clip_frac_high", "approx_kl", "ratio_max", "loss")
 
@@ -73,7 +73,10 @@ class LabConfig:
         optimizer: ``sgd`` or ``adam``.
         lr: learning rate of the tabular logits.
         max_grad_norm: gradient clipping (0 = none).
-        knobs: preset knobs applied to every chosen preset that has them (e.g. zeta_max).
+        algo: algorithm options applied to every chosen preset (``{"controller": {"name":
+            "pi"}}``, the command line's ``--algo.controller pi``); lever and controller options
+            apply to the presets that have a lever unless they name the lever. An entry's own
+            options win.
     """
 
     algos: list[str] = field(default_factory=lambda: [*ALGORITHMS, *TOY_VARIANTS])
@@ -89,18 +92,22 @@ class LabConfig:
     optimizer: str = "sgd"
     lr: float = 64.0
     max_grad_norm: float = 0.0
-    knobs: dict[str, Any] = field(default_factory=dict)
+    algo: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
         if not self.algos:
             raise ValueError(f"algos: empty list; choose from {', '.join(ALGORITHMS)}")
-        for label in self.algos:
+        if "name" in self.algo:
+            raise ValueError(
+                "algo: the presets come from algos; give algorithm options without a preset"
+            )
+        for entry in self.algos:
             try:
-                get_algorithm(label)
+                self.algorithm(entry)
             except ValueError as e:
-                message = str(e) if str(e).startswith("algos:") else f"algos: {e}"
                 raise ValueError(
-                    f"{message} (a variant is written 'repo-r (zeta_max=0.5)')"
+                    f"algos: {entry!r}: {e} (a variant is written "
+                    "'repo-d --algo.controller pi --algo.controller.kp 0.3')"
                 ) from None
         for name in ("seeds", "iters", "n_states"):
             if getattr(self, name) < 1:
@@ -120,21 +127,41 @@ class LabConfig:
             raise ValueError(
                 f"max_grad_norm must be >= 0 (0 = no clipping), got {self.max_grad_norm}"
             )
-        for knob in self.knobs:
-            if not any(knob in preset_knobs(parse_variant(a)[0]) for a in self.algos):
-                raise ValueError(
-                    f"algo.{knob} is a knob of none of the chosen presets ({', '.join(self.algos)})"
-                )
-        for algo in self.algos:
-            self.algorithm(algo)  # a knob value the preset refuses fails here
+        lever_options = {"lever", "controller"} & set(self.algo) and "name" not in _as_dict(
+            self.algo.get("lever")
+        )
+        if lever_options and not any(self._has_lever(a) for a in self.algos):
+            raise ValueError(
+                "algo: lever and controller options apply to presets with a lever, and none of "
+                f"{', '.join(self.algos)} has one"
+            )
 
-    def algorithm(self, label: str) -> AlgorithmConfig:
-        """Preset or variant ``label`` with the lab-wide knobs its preset has applied (a knob
-        written in the label wins over the lab-wide one)."""
-        name, own = parse_variant(label)
-        allowed = preset_knobs(name)
-        shared = {k: v for k, v in self.knobs.items() if k in allowed}
-        return get_algorithm(name, **{**shared, **own})
+    def spec(self, entry: str) -> dict[str, Any]:
+        """The algorithm spec of entry ``entry``: the lab-wide ``algo`` options that apply to it,
+        then the entry's own (module doc)."""
+        own = parse_label(entry)
+        shared = dict(self.algo)
+        names_lever = "name" in _as_dict(shared.get("lever"))
+        if not names_lever and not self._has_lever(entry):
+            shared = {k: v for k, v in shared.items() if k not in ("lever", "controller")}
+        return merge_specs({"name": own["name"], **shared}, own)
+
+    def algorithm(self, entry: str) -> AlgorithmConfig:
+        """The algorithm entry ``entry`` runs (the lab-wide options applied)."""
+        return resolve_algorithm(self.spec(entry))
+
+    @staticmethod
+    def _has_lever(entry: str) -> bool:
+        return resolve_algorithm(parse_label(entry)).controller is not None
+
+
+def _as_dict(value: Any) -> dict[str, Any]:
+    return {"name": value} if isinstance(value, str) else dict(value or {})
+
+
+def entry_label(entry: str) -> str:
+    """An entry's label as tables show it (its spelling normalised)."""
+    return label(parse_label(entry))
 
 
 def _optimizer(lab: LabConfig, policy: torch.nn.Module) -> torch.optim.Optimizer:
@@ -197,24 +224,26 @@ def _row(policy: TabularSoftmaxPolicy, means: torch.Tensor, m: dict[str, Any]) -
         "zeta": m["zeta"],
         "beta": m["beta"],
         "eps_high": m["eps_high"],
+        "entropy_target": m["entropy_target"],
     }
 
 
 def run_one(
     algo: str | AlgorithmConfig, seed: int, lab: LabConfig
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """Train one preset (a name, or an ``AlgorithmConfig`` e.g. with a custom control) with one
-    seed; return (initial exact entropy and reward, metric rows).
+    """Train one preset or variant (an entry of ``LabConfig.algos``, or an ``AlgorithmConfig``,
+    e.g. with a part of yours) with one seed; return (initial exact entropy and reward, metric
+    rows).
 
     The seed fixes the bandit's arm means, the initial logits and all sampling, so every preset
     sees the same problems for the same seed.
     """
     config = lab.algorithm(algo) if isinstance(algo, str) else algo
-    label = algo if isinstance(algo, str) else config.name  # a variant keeps its label
+    name = entry_label(algo) if isinstance(algo, str) else config.name  # a variant's label
     env, policy = _problem(lab, seed)
     optimizer = _optimizer(lab, policy)
     generator = torch.Generator().manual_seed(seed)
-    control = make_control(config)
+    control = EntropyControl(config)
     means = torch.as_tensor(env.reward_means)
     states = torch.arange(lab.n_states).repeat_interleave(lab.samples_per_state)
     initial = {
@@ -243,7 +272,7 @@ def run_one(
             zero_grad=optimizer.zero_grad,
             generator=generator,
         )
-        row = {"algo": label, "seed": seed, "iteration": iteration, **_row(policy, means, m)}
+        row = {"algo": name, "seed": seed, "iteration": iteration, **_row(policy, means, m)}
         row.update({key: m[key] for key in control.metrics() if key not in row})  # custom ones
         rows.append(row)
     return initial, rows
@@ -273,7 +302,7 @@ def _run_all(lab: LabConfig, progress: bool) -> tuple[list[dict[str, Any]], dict
     start = time.perf_counter()
     for algo in lab.algos:
         for seed in range(lab.seeds):
-            initials[algo, seed], algo_rows = run_one(algo, seed, lab)
+            initials[entry_label(algo), seed], algo_rows = run_one(algo, seed, lab)
             rows += algo_rows
         if progress:
             print(f"  {algo:<20} done ({time.perf_counter() - start:.0f}s)", file=sys.stderr)

@@ -9,12 +9,43 @@ from typing import Any
 
 import numpy as np
 
+from entrogym.algos import ALGORITHMS, AlgorithmConfig
 from entrogym.atomic import atomic_path, atomic_write_text
-from entrogym.theory.variants import get_algorithm, parse_variant
+from entrogym.train.algo_spec import parse_label
 
 # REPO-R and ADAPO should hold entropy near the target: final within this share of the initial.
 HOLD_TOLERANCE = 0.25
+# The band the plot draws around the target, and the tighter hold of the regime map.
+TARGET_BAND = 0.10
 RESERVED_KEYS = ("claims", "config")
+
+
+def target_entropies(config: AlgorithmConfig | None, initial: np.ndarray) -> np.ndarray:
+    """The exact entropy each seed's run aims at: the controller's target as a ratio of the
+    initial exact entropy, or in nats; without a controller, the initial entropy itself."""
+    params = None if config is None or config.controller is None else config.controller.params
+    if params is None:
+        return initial.copy()
+    if params.target_unit == "nats":
+        return np.full_like(initial, params.target)
+    return params.target * initial
+
+
+def tracking(entropy: np.ndarray, target: np.ndarray) -> tuple[float, float]:
+    """(``tracking_error``, ``max_excursion``) of ``entropy[seeds, 1 + iters]`` (column 0 the
+    initial policy) against ``target[seeds]``: the mean over seeds, and the max over seeds, of
+    |H_t / H_target - 1| over the second half of the iterations (mean and max over t)."""
+    iters = entropy.shape[1] - 1
+    half = entropy[:, 1 + iters // 2 :]
+    deviation = np.abs(half / target[:, None] - 1.0)
+    return float(deviation.mean(axis=1).mean()), float(deviation.max())
+
+
+def _configs(lab: Any) -> dict[str, AlgorithmConfig]:
+    """Each run's algorithm by the label rows carry (entries the lab resolves)."""
+    from entrogym.theory.lab import entry_label
+
+    return {entry_label(entry): lab.algorithm(entry) for entry in getattr(lab, "algos", [])}
 
 
 def _curves(rows: list[dict[str, Any]], initials: dict, algo: str, key: str) -> np.ndarray:
@@ -34,11 +65,14 @@ def summarize(rows: list[dict[str, Any]], initials: dict, lab: Any) -> dict[str,
     that iteration's experience (the entropy "experienced during training", paper Fig. 1).
     """
     summary: dict[str, Any] = {}
+    configs = _configs(lab)
     for algo in dict.fromkeys(r["algo"] for r in rows):
         entropy, reward = (
             _curves(rows, initials, algo, "entropy"),
             _curves(rows, initials, algo, "reward"),
         )
+        target = target_entropies(configs.get(algo), entropy[:, 0])
+        tracking_error, max_excursion = tracking(entropy, target)
         summary[algo] = {
             "entropy_initial": float(entropy[:, 0].mean()),
             "entropy_final": float(entropy[:, -1].mean()),
@@ -47,6 +81,9 @@ def summarize(rows: list[dict[str, Any]], initials: dict, lab: Any) -> dict[str,
             "reward_initial": float(reward[:, 0].mean()),
             "reward_final": float(reward[:, -1].mean()),
             "cumulative_entropy": float(entropy[:, :-1].sum(axis=1).mean()),
+            "entropy_target": float(target.mean()),
+            "tracking_error": tracking_error,
+            "max_excursion": max_excursion,
             "seeds": int(entropy.shape[0]),
         }
     summary["claims"] = check_claims(summary)
@@ -94,11 +131,11 @@ def controller_claims(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
     runs = {k: v for k, v in summary.items() if k not in RESERVED_KEYS}
     grpo_reward = runs["grpo"]["reward_final"] if "grpo" in runs else None
     for label, s in runs.items():
-        name, _ = parse_variant(label)
+        name = parse_label(label)["name"]
         ratio = s["entropy_final"] / s["entropy_initial"]
         if name == "grpo":
             claims[f"{label}_loses_half"] = {"holds": ratio < 0.5, "final_over_initial": ratio}
-        elif _control(name) is not None and label not in ("repo-r", "adapo"):
+        elif _has_lever(name) and label not in ("repo-r", "adapo"):
             claim = {"holds": abs(ratio - 1.0) <= HOLD_TOLERANCE, "final_over_initial": ratio}
             if grpo_reward is not None:
                 claim["reward_cost_vs_grpo"] = grpo_reward - s["reward_final"]
@@ -106,26 +143,36 @@ def controller_claims(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return claims
 
 
-def _control(name: str) -> str | None:
-    config = get_algorithm(name)
-    return None if config.control == "none" else config.control
+def _has_lever(name: str) -> bool:
+    return name in ALGORITHMS and ALGORITHMS[name].controller is not None
 
 
-def plot_curves(rows: list[dict[str, Any]], initials: dict, path: Path) -> None:
-    """Entropy and expected reward per algorithm: mean over seeds, band = min..max over seeds."""
+def plot_curves(
+    rows: list[dict[str, Any]], initials: dict, path: Path, targets: dict[str, float] | None = None
+) -> None:
+    """Entropy and expected reward per algorithm: mean over seeds, band = min..max over seeds;
+    grey bands mark +-10 % around each distinct target entropy (``targets``: label -> mean
+    target; by default the initial entropy)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     algos = list(dict.fromkeys(r["algo"] for r in rows))
-    presets = list(dict.fromkeys(parse_variant(a)[0] for a in algos))
+    specs = {a: parse_label(a) for a in algos}
+    presets = list(dict.fromkeys(spec["name"] for spec in specs.values()))
     fig, axes = plt.subplots(1, 2, figsize=(13, 5 + 0.25 * -(-len(algos) // 3)))
-    colors = plt.get_cmap("tab10")
+    if targets is None:
+        targets = {a: float(_curves(rows, initials, a, "entropy")[:, 0].mean()) for a in algos}
+    for target in sorted({round(t, 3) for t in targets.values()}):
+        axes[0].axhspan(
+            target * (1 - TARGET_BAND), target * (1 + TARGET_BAND), color="0.5", alpha=0.15, lw=0
+        )
+    colors = plt.get_cmap("tab20" if len(presets) > 10 else "tab10")
     for algo in algos:
         # A variant takes its preset's colour, dashed, so the paper-cap run sits beside it.
-        name, overrides = parse_variant(algo)
-        color, style = colors(presets.index(name) % 10), "--" if overrides else "-"
+        name, overrides = specs[algo]["name"], len(specs[algo]) > 1
+        color, style = colors(presets.index(name) % 20), "--" if overrides else "-"
         for ax, key in zip(axes, ("entropy", "reward"), strict=True):
             curves = _curves(rows, initials, algo, key)
             x = np.arange(curves.shape[1])
@@ -138,8 +185,8 @@ def plot_curves(rows: list[dict[str, Any]], initials: dict, path: Path) -> None:
     for ax in axes:
         ax.grid(alpha=0.3)
     fig.suptitle(
-        "Bandit lab: tabular softmax policy (mean over seeds, band = min..max; "
-        "dashed = variant scaled to the toy)"
+        "Bandit lab: tabular softmax policy (mean over seeds, band = min..max; dashed = variant; "
+        f"grey = target entropy +-{TARGET_BAND:.0%})"
     )
     rows_of_legend = -(-len(algos) // 3)
     fig.tight_layout(rect=(0, 0.035 * rows_of_legend, 1, 1))
@@ -157,20 +204,25 @@ def write_outputs(
     """``out/metrics.jsonl``, ``out/summary.json`` and ``out/entropy.png``, each written atomically."""
     atomic_write_text(out / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
-    plot_curves(rows, initials, out / "entropy.png")
+    targets = {k: v["entropy_target"] for k, v in summary.items() if k not in RESERVED_KEYS}
+    plot_curves(rows, initials, out / "entropy.png", targets)
 
 
 def format_table(summary: dict[str, Any]) -> str:
     """The summary as an aligned text table followed by the claim checks."""
     width = max([20, *(len(k) for k in summary if k not in RESERVED_KEYS)])
-    header = f"{'algorithm':<{width}} {'H init':>7} {'H final':>8} {'final/init':>10} {'R init':>7} {'R final':>8} {'cum H':>8}"
+    header = (
+        f"{'algorithm':<{width}} {'H init':>7} {'H final':>8} {'final/init':>10} "
+        f"{'track err':>9} {'max exc':>8} {'R init':>7} {'R final':>8} {'cum H':>8}"
+    )
     lines = [header, "-" * len(header)]
     for algo, s in summary.items():
         if algo in RESERVED_KEYS:
             continue
         lines.append(
             f"{algo:<{width}} {s['entropy_initial']:>7.3f} {s['entropy_final']:>8.3f} "
-            f"{s['entropy_final_ratio']:>10.2f} {s['reward_initial']:>7.3f} "
+            f"{s['entropy_final_ratio']:>10.2f} {s['tracking_error']:>9.3f} "
+            f"{s['max_excursion']:>8.3f} {s['reward_initial']:>7.3f} "
             f"{s['reward_final']:>8.3f} {s['cumulative_entropy']:>8.1f}"
         )
     for name, claim in summary.get("claims", {}).items():

@@ -1,11 +1,12 @@
-"""``entrogym bandit sweep``: the bandit lab over a grid of lab and preset knobs.
+"""``entrogym bandit sweep``: the bandit lab over a grid of lab and algorithm options.
 
-Knobs are named as on the command line: lab knobs are ``LabConfig`` fields (``lr``, ``n_arms``,
-``calibration``, ``iters``, ...), preset knobs are ``algo.<field>`` (``algo.zeta_max``,
-``algo.eps_high_max``, ``algo.epochs``, ``algo.minibatch_size``). Each grid cell of each preset
-runs ``run_one`` per seed with exactly the ``LabConfig`` and labelled variant
-(``"repo-r (zeta_max=0.5)"``) that ``entrogym bandit`` would use, and is summarised by the lab's
-own ``summarize``, so a cell's numbers are the single lab run's numbers.
+Options are named as on the command line: lab knobs are ``LabConfig`` fields (``lr``,
+``n_arms``, ``calibration``, ``iters``, ...), algorithm options are the ``--algo`` paths
+(``algo.controller``, ``algo.controller.kp``, ``algo.lever.centering``, ``algo.epochs``). Each
+grid cell of each preset runs ``run_one`` per seed with exactly the ``LabConfig`` and labelled
+variant (``"repo-d --algo.controller pi"``) that ``entrogym bandit`` would use, and is
+summarised by the lab's own ``summarize``, so a cell's numbers are the single lab run's numbers.
+Result columns are named by these dotted paths.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import itertools
 import json
 import multiprocessing
 import os
+import shlex
 import sys
 import time
 import typing
@@ -25,17 +27,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from entrogym.algos.presets import preset_knobs, presets_with
 from entrogym.atomic import atomic_path, atomic_write_text
-from entrogym.theory.lab import LabConfig, run_one
-from entrogym.theory.lab_report import HOLD_TOLERANCE, summarize
-from entrogym.theory.variants import convert, parse_knob_value, variant_label
+from entrogym.theory.lab import LabConfig, entry_label, run_one
+from entrogym.theory.lab_report import TARGET_BAND, summarize
+from entrogym.train.algo_spec import algo_args_mapping, convert_text, parse_label, typed_spec
 
 ALGO_PREFIX = "algo."
-# Chosen per sweep rather than per cell: presets and seeds are the sweep's own options.
-LAB_KNOBS = tuple(f.name for f in fields(LabConfig) if f.name not in ("algos", "seeds"))
+# Chosen per sweep rather than per cell: presets, seeds and lab-wide algo options are the
+# sweep's own.
+LAB_KNOBS = tuple(f.name for f in fields(LabConfig) if f.name not in ("algos", "seeds", "algo"))
 RESULT_COLUMNS = (
     "entropy_ratio",
+    "tracking_error",
+    "max_excursion",
     "reward_final",
     "cumulative_entropy",
     "clip_frac_low",
@@ -43,39 +47,43 @@ RESULT_COLUMNS = (
 )
 
 
-def valid_knobs(algo: str) -> list[str]:
-    """Every knob the sweep accepts for preset ``algo``, named as on the command line."""
-    return [*LAB_KNOBS, *(ALGO_PREFIX + k for k in preset_knobs(algo))]
+def knob_name(option: str) -> str:
+    """``--algo.controller.target-unit`` -> ``algo.controller.target_unit``; ``--n-arms`` ->
+    ``n_arms`` (the column names)."""
+    return option.lstrip("-").replace("-", "_")
 
 
 def parse_grid_value(knob: str, text: str) -> object:
-    """One grid value of ``knob`` with the type of its LabConfig / AlgorithmConfig field."""
+    """One grid value: a lab knob typed as its LabConfig field; an algorithm option's value
+    stays text until its cell is resolved (its type depends on the part the cell uses)."""
     if knob.startswith(ALGO_PREFIX):
-        return parse_knob_value(knob[len(ALGO_PREFIX) :], text)
-    return convert(knob, text, typing.get_type_hints(LabConfig)[knob])
+        return text.strip()
+    return convert_text(knob, text, typing.get_type_hints(LabConfig)[knob])
+
+
+def check_knob(knob: str) -> None:
+    """``knob`` is a lab knob or an algorithm option path (ValueError naming the valid ones)."""
+    if knob.startswith(ALGO_PREFIX):
+        algo_args_mapping([f"--{knob}=x"])  # raises on a path that is no algorithm option
+    elif knob not in LAB_KNOBS:
+        raise ValueError(
+            f"unknown knob {knob!r}; lab knobs: {', '.join(LAB_KNOBS)}; algorithm options: "
+            "algo.epochs, algo.minibatch_size, algo.PART, algo.PART.KNOB (parts: advantage, "
+            "loss, mask, lever, controller)"
+        )
 
 
 def check_grid(algos: list[str], grid: dict[str, list[object]]) -> None:
-    """Reject unknown presets, unknown or inapplicable knobs (naming the valid ones) and
-    empty grids (no knob, or a knob without values)."""
+    """Reject empty lists, unknown knobs (naming the valid ones) and empty grids; every cell's
+    algorithm is resolved by ``cell_run``, which names what a preset does not accept."""
     if not algos:
         raise ValueError("algos: empty list; give presets, e.g. --algos repo-r,grpo")
     if not grid:
         raise ValueError("empty grid: give at least one knob with values, e.g. --lr 4,16")
-    for algo in algos:
-        valid = valid_knobs(algo)  # raises on an unknown preset
-        for knob, values in grid.items():
-            if knob not in valid:
-                accepting = (
-                    presets_with(knob[len(ALGO_PREFIX) :]) if knob.startswith(ALGO_PREFIX) else []
-                )
-                where = f"presets that accept it: {', '.join(accepting)}; " if accepting else ""
-                raise ValueError(
-                    f"knob {knob!r} does not apply to preset {algo!r}; {where}"
-                    f"its knobs: {', '.join(valid)}"
-                )
-            if not values:
-                raise ValueError(f"empty grid: knob {knob!r} has no values; give e.g. 1,2")
+    for knob, values in grid.items():
+        check_knob(knob)
+        if not values:
+            raise ValueError(f"empty grid: knob {knob!r} has no values; give e.g. 1,2")
 
 
 def grid_cells(grid: dict[str, list[object]]) -> list[dict[str, object]]:
@@ -83,16 +91,38 @@ def grid_cells(grid: dict[str, list[object]]) -> list[dict[str, object]]:
     return [dict(zip(grid, values, strict=True)) for values in itertools.product(*grid.values())]
 
 
+def cell_entry(algo: str, cell: dict[str, object]) -> str:
+    """The lab entry of one cell: ``algo`` followed by the cell's algorithm options."""
+    words = []
+    for knob, value in cell.items():
+        if knob.startswith(ALGO_PREFIX):
+            words.append(f"--{knob}={'none' if value is None else value}")
+    return f"{algo} {shlex.join(words)}".strip()
+
+
 def cell_run(
     algo: str, cell: dict[str, object], base: LabConfig, seeds: int
 ) -> tuple[str, LabConfig]:
-    """The variant label and LabConfig that ``entrogym bandit`` would run for this cell."""
-    overrides = {k[len(ALGO_PREFIX) :]: v for k, v in cell.items() if k.startswith(ALGO_PREFIX)}
-    label = variant_label(algo, overrides)
+    """The label and LabConfig that ``entrogym bandit`` would run for this cell."""
+    entry = cell_entry(algo, cell)
     lab_knobs = {k: v for k, v in cell.items() if not k.startswith(ALGO_PREFIX)}
-    lab = replace(base, algos=[label], seeds=seeds, **lab_knobs)
+    lab = replace(base, algos=[entry], seeds=seeds, **lab_knobs)
     lab.validate()
-    return label, lab
+    return entry_label(entry), lab
+
+
+def cell_values(algo: str, cell: dict[str, object], lab: LabConfig) -> dict[str, object]:
+    """The cell's knobs with typed values (an algorithm option as its part reads it)."""
+    spec = typed_spec(lab.spec(lab.algos[0]))
+    out = {}
+    for knob, value in cell.items():
+        if knob.startswith(ALGO_PREFIX):
+            path = knob[len(ALGO_PREFIX) :].split(".")
+            value = spec[path[0]] if len(path) == 1 else spec[path[0]][path[1]]
+            if isinstance(value, dict):  # a part named by the cell: its name
+                value = value["name"]
+        out[knob] = value
+    return out
 
 
 def _init_worker() -> None:
@@ -135,12 +165,13 @@ def run_sweep(
 ) -> list[dict[str, Any]]:
     """One result row per preset and grid cell (``algo``, the swept knobs, ``RESULT_COLUMNS``).
 
-    ``grid`` maps knob names (``"lr"``, ``"algo.zeta_max"``) to lists of typed values; every
-    other setting comes from ``base`` (``LabConfig()`` by default). Runs on ``workers``
-    processes (default: every core). ``entropy_ratio``, ``reward_final`` and
-    ``cumulative_entropy`` are the lab summary's ``entropy_final_ratio``, ``reward_final`` and
-    ``cumulative_entropy`` (means over seeds); the clip fractions are means over iterations and
-    seeds of the share of clipped trajectories.
+    ``grid`` maps knob names (``"lr"``, ``"algo.controller"``, ``"algo.controller.kp"``) to
+    lists of values; every other setting comes from ``base`` (``LabConfig()`` by default). Runs
+    on ``workers`` processes (default: every core). ``entropy_ratio``, ``tracking_error``,
+    ``max_excursion``, ``reward_final`` and ``cumulative_entropy`` are the lab summary's
+    ``entropy_final_ratio``, ``tracking_error``, ``max_excursion``, ``reward_final`` and
+    ``cumulative_entropy``; the clip fractions are means over iterations and seeds of the
+    share of clipped trajectories.
     """
     check_grid(algos, grid)
     if seeds < 1:
@@ -164,11 +195,14 @@ def run_sweep(
         mine = sorted(by_run[i], key=lambda r: r[1])  # seed order, as the lab runs them
         rows = [row for r in mine for row in r[3]]
         summary = summarize(rows, {(label, r[1]): r[2] for r in mine}, lab)[label]
+        values = cell_values(algo, cell, lab)
         table.append(
             {
                 "algo": algo,
-                **{k: v for k, v in cell.items() if k in swept},
+                **{k: v for k, v in values.items() if k in swept},
                 "entropy_ratio": summary["entropy_final_ratio"],
+                "tracking_error": summary["tracking_error"],
+                "max_excursion": summary["max_excursion"],
                 "reward_final": summary["reward_final"],
                 "cumulative_entropy": summary["cumulative_entropy"],
                 "clip_frac_low": _mean_metric(rows, "clip_frac_low"),
@@ -187,9 +221,10 @@ def write_csv(path: Path, table: list[dict[str, Any]]) -> None:
 
 
 def plot_heatmap(table: list[dict[str, Any]], algo: str, axes: tuple[str, ...], path: Path) -> None:
-    """Final/initial entropy of ``algo`` over one or two knobs (mean over any other knobs).
+    """``tracking_error`` of ``algo`` over one or two knobs (mean over any other knobs).
 
-    Cells within the lab's hold tolerance (final within 25 % of initial) are outlined.
+    Cells that hold within the target band (``max_excursion`` <= 10 % in every seed over the
+    second half) are outlined.
     """
     import matplotlib
 
@@ -200,34 +235,25 @@ def plot_heatmap(table: list[dict[str, Any]], algo: str, axes: tuple[str, ...], 
     x_knob, y_knob = axes[0], axes[1] if len(axes) > 1 else None
     xs = list(dict.fromkeys(r[x_knob] for r in rows))
     ys = list(dict.fromkeys(r[y_knob] for r in rows)) if y_knob else [None]
-    grid = np.array(
-        [
-            [
-                np.mean(
-                    [
-                        r["entropy_ratio"]
-                        for r in rows
-                        if r[x_knob] == x and (y_knob is None or r[y_knob] == y)
-                    ]
-                )
-                for x in xs
-            ]
-            for y in ys
-        ]
-    )
+
+    def cell(x: object, y: object, key: str) -> list[float]:
+        return [r[key] for r in rows if r[x_knob] == x and (y_knob is None or r[y_knob] == y)]
+
+    error = np.array([[np.mean(cell(x, y, "tracking_error")) for x in xs] for y in ys])
+    excursion = np.array([[max(cell(x, y, "max_excursion")) for x in xs] for y in ys])
     fig, ax = plt.subplots(figsize=(1.2 * len(xs) + 2.5, 0.8 * len(ys) + 2.0))
     image = ax.imshow(
-        grid, cmap="viridis", vmin=0.0, vmax=max(1.5, float(grid.max())), origin="lower"
+        error, cmap="viridis_r", vmin=0.0, vmax=max(0.5, float(error.max())), origin="lower"
     )
-    for (yi, xi), value in np.ndenumerate(grid):
+    for (yi, xi), value in np.ndenumerate(error):
         ax.text(xi, yi, f"{value:.2f}", ha="center", va="center", color="w", fontsize=8)
-        if abs(value - 1.0) <= HOLD_TOLERANCE:
+        if excursion[yi, xi] <= TARGET_BAND:
             ax.add_patch(plt.Rectangle((xi - 0.5, yi - 0.5), 1, 1, fill=False, ec="red", lw=2))
     ax.set_xticks(range(len(xs)), [str(x) for x in xs])
     ax.set_yticks(range(len(ys)), [str(y) for y in ys] if y_knob else [""])
     ax.set(xlabel=x_knob, ylabel=y_knob or "")
-    fig.colorbar(image, ax=ax, label="final / initial exact entropy")
-    ax.set_title(f"{algo}: entropy kept (red = within {HOLD_TOLERANCE:.0%})", fontsize=9)
+    fig.colorbar(image, ax=ax, label="tracking error: mean |H / H_target - 1|, 2nd half")
+    ax.set_title(f"{algo} (red = within +-{TARGET_BAND:.0%} at every iteration)", fontsize=9)
     fig.tight_layout()
     try:
         with atomic_path(path) as tmp:
@@ -251,21 +277,26 @@ def write_sweep(
         return []
     paths = []
     for algo in dict.fromkeys(r["algo"] for r in table):
-        path = out / f"sweep_{algo}.png"
+        path = out / f"sweep_{_file_name(algo)}.png"
         plot_heatmap(table, algo, axes, path)
         paths.append(path)
     return paths
+
+
+def _file_name(algo: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in algo)
 
 
 USAGE = """usage: entrogym bandit sweep --algos PRESET[,PRESET...] [--KNOB V1,V2,...]... [--seeds N]
                              [--out DIR] [--heatmap KNOB_X,KNOB_Y] [--workers N]
 
 Runs the bandit lab over the grid of the given knobs (a knob given one value is fixed) and
-writes DIR/sweep.csv, DIR/sweep.json and DIR/sweep_<preset>.png (final/initial entropy over
-two knobs, by default the first two swept ones). Lab knobs: {lab}. Preset knobs: algo.<knob>
-for the preset's knobs, e.g. algo.zeta_max, algo.eps_high_max, algo.epochs,
-algo.minibatch_size, algo.repo_centering (raw,exact; repo-r and repo-d). Example:
-  entrogym bandit sweep --algos repo-r --lr 4,16 --algo.zeta_max 0.05,0.5 --iters 100 --seeds 2
+writes DIR/sweep.csv, DIR/sweep.json and DIR/sweep_<preset>.png (tracking error over two
+knobs, by default the first two swept ones; cells within +-10 % of the target at every
+iteration of the second half outlined). Lab knobs: {lab}. Algorithm options: --algo.epochs,
+--algo.minibatch-size, --algo.PART NAME and --algo.PART.KNOB (parts: advantage, loss, mask,
+lever, controller; `entrogym train --help` lists every part and knob). Example:
+  entrogym bandit sweep --algos repo-d --algo.controller paper,pi --lr 4,16 --iters 200 --seeds 2
 """
 
 
@@ -295,9 +326,7 @@ def parse_sweep_args(argv: list[str]) -> SweepArgs:
         if not token.startswith("--") or token == "--":
             raise ValueError(f"unexpected argument {token!r}; options look like --lr 4,16")
         name, sep, value = token[2:].partition("=")
-        name = name.replace(
-            "-", "_"
-        )  # --n-arms / --algo.zeta-max, as the other commands spell them
+        name = knob_name(name)  # --n-arms / --algo.controller.target-unit, as elsewhere
         if not sep:
             if not tokens:
                 raise ValueError(f"--{name} needs a value")
@@ -308,16 +337,20 @@ def parse_sweep_args(argv: list[str]) -> SweepArgs:
     algos = _split(options.pop("algos"))
     args = SweepArgs(algos=algos, grid={})
     if "seeds" in options:
-        args.seeds = int(convert("seeds", options.pop("seeds"), int))
+        args.seeds = int(convert_text("seeds", options.pop("seeds"), int))
     if "out" in options:
         args.out = Path(options.pop("out"))
     if "heatmap" in options:
         args.heatmap = [k.replace("-", "_") for k in _split(options.pop("heatmap"))]
     if "workers" in options:
-        args.workers = int(convert("workers", options.pop("workers"), int))
+        args.workers = int(convert_text("workers", options.pop("workers"), int))
     check_grid(algos, {k: [None] for k in options})  # names first, before reading values
     args.grid = {k: [parse_grid_value(k, v) for v in _split(text)] for k, text in options.items()}
     check_grid(algos, args.grid)
+    for algo in algos:  # every cell resolves before anything runs (one line naming the problem)
+        parse_label(algo)
+        for cell in grid_cells(args.grid):
+            cell_run(algo, cell, LabConfig(), args.seeds)
     swept = [k for k, v in args.grid.items() if len(v) > 1]
     if args.heatmap and (not 1 <= len(args.heatmap) <= 2 or set(args.heatmap) - set(swept)):
         raise ValueError(

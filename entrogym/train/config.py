@@ -4,114 +4,21 @@ Every field is settable from the command line (``--tasks-per-iter 8``) and from 
 (``--config run.yaml`` with ``tasks_per_iter: 8``); the YAML keys are the field names below.
 Defaults are the paper's where it gives one (appendix "Training"), sized down only where noted.
 
-The preset's knobs are typed nested fields built from :class:`AlgorithmConfig`'s own fields:
-``--algo repo-r --algo.zeta-max 0.5`` or, in YAML, ``algo: {name: repo-r, zeta_max: 0.5}``. The
-older form ``algo: repo-r`` with ``algo_overrides: {zeta_max: 0.5}`` still parses.
+The algorithm is a preset with its parts' knobs (``entrogym.train.algo_spec``):
+``--algo repo-d --algo.controller pi --algo.controller.kp 0.3`` or, in YAML,
+``algo: {name: repo-d, controller: {name: pi, kp: 0.3}}``.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field, fields, make_dataclass
-from typing import Any, Literal, get_type_hints
-
-import docstring_parser
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
 
 from entrogym.agents.config import AgentConfig
-from entrogym.algos.presets import ALGORITHMS, AlgorithmConfig, get_algorithm, preset_knobs
+from entrogym.algos import AlgorithmConfig
 from entrogym.dtypes import DTypeName
-
-# The control a preset names is what makes it that preset, so it is not a user knob.
-NOT_KNOBS = frozenset({"name", "control"})
-
-
-def _knob_docs() -> dict[str, str]:
-    """Per-field descriptions from :class:`AlgorithmConfig`'s docstring (one place to document)."""
-    docs: dict[str, str] = {}
-    roles = {"_init": "start value", "_min": "lower bound", "_max": "upper bound",
-             "_up": "growth factor", "_down": "shrink factor"}  # fmt: skip
-    for param in docstring_parser.parse(AlgorithmConfig.__doc__ or "").params:
-        names = [n.strip() for n in param.arg_name.split(",")]
-        text = " ".join((param.description or "").split())
-        for name in names:
-            role = next((r for suffix, r in roles.items() if name.endswith(suffix)), None)
-            docs[name] = f"{role} of {text}" if len(names) > 1 and role else text
-    return docs
-
-
-def _knob_fields() -> list[tuple[str, Any, Any]]:
-    hints = get_type_hints(AlgorithmConfig)
-    return [
-        (f.name, hints[f.name] | None, field(default=None))
-        for f in fields(AlgorithmConfig)
-        if f.name not in NOT_KNOBS
-    ]
-
-
-def _knobs_doc(title: str, with_name: bool) -> str:
-    docs = _knob_docs()
-    lines = [title, "", "Args:"]
-    if with_name:
-        lines.append(f"    name: preset name ({', '.join(ALGORITHMS)}).")
-    for name, _, _ in _knob_fields():
-        lines.append(f"    {name}: {docs.get(name, name)} (unset = the preset's value)")
-    return "\n".join(lines)
-
-
-AlgoKnobs = make_dataclass("AlgoKnobs", _knob_fields(), namespace={"__module__": __name__})
-AlgoKnobs.__doc__ = _knobs_doc("Preset knobs (each applies to the presets that have it).", False)
-AlgoSpec = make_dataclass(
-    "AlgoSpec",
-    [("name", str, field(default="repo-r")), *_knob_fields()],
-    namespace={"__module__": __name__},
-)
-AlgoSpec.__doc__ = _knobs_doc("The algorithm: a preset and its knobs.", True)
-
-
-def set_knobs(spec: Any) -> dict[str, Any]:
-    """The knobs of an ``AlgoSpec`` / ``AlgoKnobs`` that are set (not None)."""
-    return {
-        f.name: getattr(spec, f.name)
-        for f in fields(spec)
-        if f.name != "name" and getattr(spec, f.name) is not None
-    }
-
-
-def as_algo_spec(value: Any) -> Any:
-    """An ``AlgoSpec`` from a preset name, a mapping (YAML / jsonargparse) or an ``AlgoSpec``."""
-    if isinstance(value, AlgoSpec):
-        return value
-    if isinstance(value, str):
-        return AlgoSpec(name=value)
-    data = dict(vars(value) if hasattr(value, "__dict__") else value)
-    unknown = sorted(set(data) - {f.name for f in fields(AlgoSpec)})
-    if unknown:
-        name = data.get("name", "?")
-        knobs = preset_knobs(name) if name in ALGORITHMS else [f.name for f in fields(AlgoKnobs)]
-        raise ValueError(
-            f"algo: unknown knob(s) {unknown} for preset {name!r}; its knobs: {', '.join(knobs)}"
-        )
-    return AlgoSpec(**data)
-
-
-def check_knobs(name: str, knobs: dict[str, Any]) -> None:
-    """Every set knob must be one of the preset's (ValueError naming it and the preset's)."""
-    allowed = preset_knobs(name)
-    bad = [k for k in knobs if k not in allowed]
-    if bad:
-        raise ValueError(
-            f"algo.{bad[0]} is not a knob of preset {name!r}; its knobs: {', '.join(allowed)}"
-        )
-
-
-def resolve_algorithm(spec: Any, legacy_overrides: dict[str, Any] | None = None) -> AlgorithmConfig:
-    """The preset of ``spec`` with its set knobs (and the old ``algo_overrides``) applied."""
-    spec = as_algo_spec(spec)
-    if spec.name not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm {spec.name!r}; known presets: {', '.join(ALGORITHMS)}")
-    knobs = set_knobs(spec)
-    check_knobs(spec.name, knobs)
-    return get_algorithm(spec.name, **{**(legacy_overrides or {}), **knobs})
+from entrogym.train.algo_spec import resolve_algorithm, typed_spec
 
 
 @dataclass
@@ -123,11 +30,9 @@ class TrainConfig(AgentConfig):
             ``module:id`` to import your module first).
         env_kwargs: keyword arguments for ``gymnasium.make(env, **env_kwargs)``.
         split: task split to train on (None = the env's default split).
-        algo: preset and its knobs: ``--algo repo-r --algo.zeta-max 0.5`` (YAML
-            ``algo: {name: repo-r, zeta_max: 0.5}``); presets: rloo, grpo, loop, dapo, gspo,
-            repo-r, repo-d, adapo, grpo-entropy-bonus.
-        algo_overrides: the older form of the knobs, e.g. ``{minibatch_size: 256}``; the nested
-            ``algo`` knobs win where both set one (a null value is only expressible here).
+        algo: the algorithm: a preset and its parts' knobs, ``--algo repo-d --algo.controller
+            pi --algo.controller.kp 0.3`` (YAML ``algo: {name: repo-d, controller: {name: pi,
+            kp: 0.3}}``); the algorithm options below list every preset, part and knob.
         dtype: trainer parameter/compute dtype; log-probs for ratios are fp32 regardless.
         iterations: number of collect-then-update iterations.
         tasks_per_iter: tasks sampled per iteration; each gets ``samples`` rollouts (a group).
@@ -173,8 +78,7 @@ class TrainConfig(AgentConfig):
     env: str = "entrogym/Arithmetic-v0"
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     split: str | None = None
-    algo: AlgoSpec = field(default_factory=AlgoSpec)  # type: ignore[valid-type]
-    algo_overrides: dict[str, Any] = field(default_factory=dict)
+    algo: dict[str, Any] | str = field(default_factory=lambda: {"name": "repo-r"})
     dtype: DTypeName = "fp32"
     iterations: int = 10
     tasks_per_iter: int = 8
@@ -209,8 +113,8 @@ class TrainConfig(AgentConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.algo = as_algo_spec(self.algo)
-        self.algorithm()  # an unknown preset or knob fails here, before anything loads
+        # an unknown preset, part or knob fails here, before anything loads
+        self.algo = typed_spec(self.algo)
         positive = (
             "iterations",
             "tasks_per_iter",
@@ -259,11 +163,8 @@ class TrainConfig(AgentConfig):
             )
 
     def algorithm(self) -> AlgorithmConfig:
-        """The preset with its knobs applied (what the trainer runs)."""
-        return resolve_algorithm(self.algo, self.algo_overrides)
+        """The preset with its parts' knobs applied (what the trainer runs)."""
+        return resolve_algorithm(self.algo)
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        # only the knobs that are set: `algo: {name: repo-r, zeta_max: 0.5}`
-        out["algo"] = {"name": self.algo.name, **set_knobs(self.algo)}
-        return out
+        return asdict(self)

@@ -222,20 +222,18 @@ def _check_usable(run_dir: Path, resume: bool) -> bool:
 
 
 def resolved_algorithm(config: dict[str, Any]) -> dict[str, Any]:
-    """The preset a config means, as a dict: both ``algo: NAME`` + ``algo_overrides`` and the
-    nested ``algo: {name: NAME, knob: value}`` form resolve to the same thing."""
-    from entrogym.algos.presets import get_algorithm
+    """The algorithm a config means, every part with every knob (``algorithm_mapping``), so that
+    a preset name and the same preset spelled out compare equal. Run folders of older entrogym
+    versions (flat preset knobs, ``algo_overrides``) are read too."""
+    from entrogym.algos import algorithm_mapping
+    from entrogym.train.algo_spec import legacy_spec, resolve_algorithm
 
     algo = config.get("algo")
-    if isinstance(algo, dict):
-        knobs = {k: v for k, v in algo.items() if k != "name"}
-        name = algo.get("name")
-    else:
-        name, knobs = algo, {}
-    knobs.update(config.get("algo_overrides") or {})
+    name = algo.get("name") if isinstance(algo, dict) else algo
     if not isinstance(name, str):
         raise RunFolderError(f"config has no algorithm name (algo: {algo!r})")
-    return dataclasses.asdict(get_algorithm(name, **knobs))
+    spec = legacy_spec(algo, config.get("algo_overrides") or {})
+    return algorithm_mapping(resolve_algorithm(spec))
 
 
 def config_differences(saved: dict[str, Any], new: dict[str, Any]) -> dict[str, list[Any]]:

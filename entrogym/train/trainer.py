@@ -22,7 +22,7 @@ import torch
 from entrogym.agents.agent import LLMAgent
 from entrogym.agents.engines import Engine, SamplingParams, make_engine
 from entrogym.agents.rollout import check_env_errors, collect_rollouts
-from entrogym.algos import UpdateBatch, make_control, micro_batches, policy_update
+from entrogym.algos import EntropyControl, UpdateBatch, micro_batches, policy_update
 from entrogym.envs.base import make_text_env, task_ids_of
 from entrogym.train import distributed
 from entrogym.train.batch import Batch, collate_episodes, success_rate, usable_episodes
@@ -107,7 +107,7 @@ class Trainer:
             head_dtype="fp32" if cfg.dtype != "fp32" and not self.ranks.distributed else None,
         )
         self.scaler = loss_scaler_for(resolve_dtype(cfg.dtype))
-        self.control = make_control(self.algo)
+        self.control = EntropyControl(self.algo)
         # Weights load into the whole model, before FSDP2 shards it; the optimizer must be
         # built on the sharded parameters, so its state is restored after.
         resume_from, resume_rows = self._restore_weights(resume_from)

@@ -11,9 +11,8 @@ import torch
 
 from entrogym.agents.episode import Episode
 from entrogym.algos.advantages import grpo, rloo, zero_advantage_groups
+from entrogym.algos.control import EntropyControl
 from entrogym.algos.entropy import (
-    EpsHighController,
-    ZetaController,
     entropy_bonus_loss,
     exact_entropy,
     repo_d,
@@ -22,7 +21,7 @@ from entrogym.algos.entropy import (
     token_entropy_from_logits,
 )
 from entrogym.algos.losses import clipped_policy_loss, sequence_importance_ratio
-from entrogym.algos.presets import ALGORITHMS, get_algorithm
+from entrogym.algos.presets import ALGORITHMS, build_algorithm, get_algorithm
 from entrogym.algos.update_batch import minibatch_indices
 from entrogym.train.batch import collate_episodes
 
@@ -244,95 +243,6 @@ def test_repo_d_is_advantage_minus_zeta_logp():
     torch.testing.assert_close(repo_d(adv, logp, 0.1), adv[:, None] - 0.1 * logp)
 
 
-def _zeta_listing(zeta, h, target, zeta_min, zeta_max):
-    if h > target:
-        if zeta >= 0:
-            zeta /= 2.0
-            if zeta < zeta_min:
-                zeta = -zeta_min
-        else:
-            zeta = max(-zeta_max, zeta * 2)
-    elif h < target:
-        if zeta >= 0:
-            zeta = min(zeta_max, zeta * 2)
-        else:
-            zeta /= 2
-            if zeta > -zeta_min:
-                zeta = zeta_min
-    return zeta
-
-
-def test_zeta_controller_scripted_sequence():
-    c = ZetaController(zeta_min=1e-4, zeta_max=0.05, zeta=1e-3)
-    target = 1.0
-    # below target: double until the cap
-    seq = [c.update(0.5, target) for _ in range(8)]
-    assert seq[:5] == [2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2]
-    assert seq[5:] == [0.05, 0.05, 0.05]
-    # above target: halve ... then flip sign to -zeta_min
-    c = ZetaController(zeta_min=1e-4, zeta_max=0.05, zeta=4e-4)
-    assert [c.update(2.0, target) for _ in range(3)] == [2e-4, 1e-4, -1e-4]
-    # still above: negative zeta doubles in magnitude, capped at -zeta_max
-    assert [c.update(2.0, target) for _ in range(2)] == [-2e-4, -4e-4]
-    # below again: negative zeta halves, then flips to +zeta_min
-    assert [c.update(0.1, target) for _ in range(3)] == [-2e-4, -1e-4, 1e-4]
-    # equal: unchanged
-    assert c.update(target, target) == 1e-4
-    c = ZetaController(zeta_min=1e-3, zeta_max=10.0, zeta=-6.0)
-    assert c.update(2.0, target) == -10.0
-
-
-def test_zeta_controller_matches_listing_on_random_sequences():
-    rng = random.Random(7)
-    c = ZetaController(zeta_min=1e-3, zeta_max=10.0)
-    zeta = 1e-3
-    for _ in range(500):
-        h = rng.choice([0.5, 1.0, 1.5])
-        zeta = _zeta_listing(zeta, h, 1.0, 1e-3, 10.0)
-        assert c.update(h, 1.0) == zeta
-        assert 1e-3 <= abs(c.zeta) <= 10.0
-
-
-def test_eps_high_controller_follows_adapo():
-    c = EpsHighController()
-    assert c.update(0.5, 1.0) == pytest.approx(0.28 * 1.05)
-    assert c.update(0.5, 1.0) == pytest.approx(0.28 * 1.05**2)
-    assert c.update(0.5, 1.0) == pytest.approx(0.32)  # 0.3087 * 1.05 > 0.32: capped
-    assert c.update(0.5, 1.0) == pytest.approx(0.32)
-    values = [c.update(2.0, 1.0) for _ in range(10)]
-    assert values[0] == pytest.approx(0.32 * 0.95)
-    assert values[-1] == pytest.approx(0.2)  # floored
-    assert c.update(1.0, 1.0) == pytest.approx(0.2)
-
-
-def test_controllers_reject_bad_ranges():
-    with pytest.raises(ValueError, match="zeta_min"):
-        ZetaController(zeta_min=0.1, zeta_max=0.01)
-    with pytest.raises(ValueError, match="lower"):
-        EpsHighController(eps_high=0.5)
-
-
-def test_zeta_factor_steps_gently_and_one_holds_zeta_fixed():
-    gentle = ZetaController(zeta_min=1e-4, zeta_max=0.2, zeta=0.05, factor=1.25)
-    assert [round(gentle.update(2.0, 1.0), 6) for _ in range(2)] == [0.04, 0.032]
-    assert [round(gentle.update(0.5, 1.0), 6) for _ in range(2)] == [0.04, 0.05]
-    fixed = ZetaController(zeta_min=1e-4, zeta_max=0.2, zeta=0.05, factor=1.0)
-    assert {fixed.update(h, 1.0) for h in (2.0, 0.5, 3.0, 0.1)} == {0.05}
-    with pytest.raises(ValueError, match="zeta_factor"):
-        ZetaController(zeta_min=1e-4, zeta_max=0.2, factor=0.5)
-    # the factor is configuration: a checkpoint's state neither holds nor changes it
-    gentle.load_state_dict({"zeta_min": 1e-4, "zeta_max": 0.2, "zeta": 0.1})
-    assert (gentle.zeta, gentle.factor) == (0.1, 1.25) and "factor" not in gentle.state_dict()
-
-
-def test_controller_state_round_trips():
-    c = ZetaController(1e-4, 0.05)
-    c.update(0.1, 1.0)
-    d = ZetaController(1e-4, 0.05)
-    d.load_state_dict(c.state_dict())
-    assert d == c
-
-
 # ---------------------------------------------------------------- entropy estimates
 
 
@@ -366,41 +276,47 @@ def test_exact_entropy_and_bonus():
 
 def test_presets_have_the_papers_defaults():
     assert set(ALGORITHMS) == {
-        "rloo",
-        "grpo",
-        "loop",
-        "dapo",
-        "gspo",
-        "repo-r",
-        "repo-d",
-        "adapo",
-        "grpo-entropy-bonus",
-    }
+        "rloo", "grpo", "loop", "dapo", "gspo", "repo-r", "repo-d", "adapo",
+        "grpo-entropy-bonus", "grpo-adaptive-entropy", "clip-cov", "kl-cov",
+    }  # fmt: skip
+
+    def clip(name: str) -> tuple:
+        p = ALGORITHMS[name].loss.params
+        return p.eps_low, p.eps_high, p.ratio_level, p.aggregation
+
     rloo_ = ALGORITHMS["rloo"]
-    assert (rloo_.epochs, rloo_.minibatch_size, rloo_.eps_low, rloo_.eps_high) == (
-        1,
-        None,
-        None,
-        None,
-    )
-    assert ALGORITHMS["grpo"].advantage == "grpo" and ALGORITHMS["grpo"].epochs == 2
-    assert ALGORITHMS["loop"].advantage == "rloo" and ALGORITHMS["loop"].eps_high == 0.2
-    assert (ALGORITHMS["dapo"].eps_low, ALGORITHMS["dapo"].eps_high) == (0.2, 0.28)
-    gspo = ALGORITHMS["gspo"]
-    assert (gspo.ratio_level, gspo.eps_low, gspo.eps_high) == ("sequence", 3e-4, 4e-4)
-    assert (ALGORITHMS["repo-r"].zeta_min, ALGORITHMS["repo-r"].zeta_max) == (1e-4, 0.05)
-    assert (ALGORITHMS["repo-d"].zeta_min, ALGORITHMS["repo-d"].zeta_max) == (1e-3, 10.0)
-    adapo = ALGORITHMS["adapo"]
-    assert (adapo.eps_high, adapo.eps_high_min, adapo.eps_high_max) == (0.28, 0.2, 0.32)
-    assert ALGORITHMS["grpo-entropy-bonus"].control == "entropy-bonus"
+    assert (rloo_.epochs, rloo_.minibatch_size, *clip("rloo")[:2]) == (1, None, None, None)
+    assert ALGORITHMS["grpo"].advantage.name == "grpo" and ALGORITHMS["grpo"].epochs == 2
+    assert ALGORITHMS["loop"].advantage.name == "rloo" and clip("loop")[1] == 0.2
+    assert clip("dapo")[:2] == (0.2, 0.28)
+    assert clip("gspo")[:3] == (3e-4, 4e-4, "sequence")
+    for name in ("repo-r", "repo-d", "grpo-entropy-bonus"):
+        assert ALGORITHMS[name].controller.name == "paper"
+        assert ALGORITHMS[name].controller.params.factor == 2.0
+    # REPO's zeta ranges (appendix "Training") are the levers' coefficients
+    assert EntropyControl(ALGORITHMS["repo-r"]).controller.bounds() == (-0.05, 0.05)
+    assert EntropyControl(ALGORITHMS["repo-r"]).controller._min() == 1e-4
+    assert EntropyControl(ALGORITHMS["repo-d"]).controller.bounds() == (-10.0, 10.0)
+    assert EntropyControl(ALGORITHMS["repo-d"]).controller._min() == 1e-3
+    adapo = EntropyControl(ALGORITHMS["adapo"])
+    assert (adapo.coefficient, adapo.controller.bounds()) == (0.28, (0.2, 0.32))
+    assert ALGORITHMS["grpo-entropy-bonus"].lever.name == "entropy-bonus"
+    # verl's Clip-Cov / KL-Cov modes and defaults
+    assert clip("clip-cov") == (0.2, 0.2, "token", "token-mean")
+    assert clip("kl-cov")[:2] == (None, None) and clip("kl-cov")[3] == "token-mean"
+    assert EntropyControl(ALGORITHMS["clip-cov"]).coefficient == 2e-4
+    assert ALGORITHMS["clip-cov"].lever.params.lb == 1.0
+    assert ALGORITHMS["clip-cov"].lever.params.ub == 5.0
+    assert EntropyControl(ALGORITHMS["kl-cov"]).coefficient == 1.0
+    assert ALGORITHMS["kl-cov"].lever.params.kl_cov_ratio == 2e-4
 
 
-def test_unknown_preset_and_field_names_are_clear_errors():
-    with pytest.raises(ValueError, match="known presets: rloo, grpo"):
+def test_unknown_preset_and_knob_names_are_clear_errors():
+    with pytest.raises(ValueError, match="presets: rloo, grpo"):
         get_algorithm("ppo")
-    with pytest.raises(ValueError, match="'epoch' is not a knob of preset 'grpo'"):
-        get_algorithm("grpo", epoch=3)
-    assert get_algorithm("grpo", minibatch_size=256).minibatch_size == 256
+    with pytest.raises(ValueError, match="algo.epoch is not a setting of an algorithm"):
+        build_algorithm({"name": "grpo", "epoch": 3})
+    assert build_algorithm({"name": "grpo", "minibatch_size": 256}).minibatch_size == 256
 
 
 # ---------------------------------------------------------------- buffer

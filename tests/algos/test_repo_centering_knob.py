@@ -1,14 +1,18 @@
-"""``repo_centering: raw | exact``: a knob of REPO-R and REPO-D only (Sec. 5, centred log pi)."""
+"""``lever.centering: raw | exact``: a knob of the REPO levers (Sec. 5, centred log pi)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from entrogym.algos import get_algorithm, make_control, policy_update, preset_knobs
+from entrogym.algos import EntropyControl, build_algorithm, policy_update
 from entrogym.algos.entropy import centred_logprobs, repo_d, repo_r, token_entropy_from_logits
-from entrogym.algos.presets import AlgorithmConfig, presets_with
 from entrogym.algos.update_batch import UpdateBatch
+
+
+def _repo(name: str, **lever: object) -> EntropyControl:
+    spec = {"name": name, "controller": {"init": 0.1, "max": 0.5}, "lever": lever}
+    return EntropyControl(build_algorithm(spec))
 
 
 def test_centred_logprob_has_zero_mean_under_the_policy() -> None:
@@ -26,36 +30,39 @@ def test_centred_logprob_has_zero_mean_under_the_policy() -> None:
         centred_logprobs(logp, entropies[:, :3])
 
 
-def test_repo_centering_is_a_knob_of_repo_presets_only() -> None:
-    assert presets_with("repo_centering") == ["repo-r", "repo-d"]
-    assert "repo_centering" in preset_knobs("repo-r") and "repo_centering" in preset_knobs("repo-d")
-    for name in ("grpo", "grpo-entropy-bonus", "adapo"):
-        assert "repo_centering" not in preset_knobs(name)
-        with pytest.raises(ValueError, match="presets that accept it: repo-r, repo-d"):
-            get_algorithm(name, repo_centering="exact")
-    with pytest.raises(ValueError, match="presets that accept it: repo-r, repo-d"):
-        AlgorithmConfig("mine", control="adapo", repo_centering="exact")
-    with pytest.raises(ValueError, match="repo_centering must be one of raw, exact"):
-        get_algorithm("repo-r", repo_centering="mean")
-    assert get_algorithm("repo-d").repo_centering == "raw"  # the paper's implementation
+def test_centering_is_a_knob_of_the_repo_levers_only() -> None:
+    assert build_algorithm("repo-d").lever.params.centering == "raw"  # the paper's implementation
+    assert (
+        build_algorithm({"name": "repo-r", "lever": {"centering": "exact"}}).lever.params.centering
+        == "exact"
+    )
+    for name in ("grpo-entropy-bonus", "adapo"):
+        with pytest.raises(ValueError, match="algo.lever.centering is not a knob of lever"):
+            build_algorithm({"name": name, "lever": {"centering": "exact"}})
+    with pytest.raises(ValueError, match="this preset has no lever; presets with a lever: repo-r"):
+        build_algorithm({"name": "grpo", "lever": {"centering": "exact"}})
+    with pytest.raises(ValueError, match="algo.lever.centering: expected one of raw, exact"):
+        build_algorithm({"name": "repo-r", "lever": {"centering": "mean"}})
 
 
 def test_exact_centring_asks_for_entropies_and_shapes_with_log_pi_plus_h() -> None:
     adv, lp, ent = torch.tensor([1.0, -1.0]), torch.full((2, 1), -3.0), torch.ones(2, 1)
     for name, shape in (("repo-r", repo_r), ("repo-d", repo_d)):
-        raw = make_control(get_algorithm(name, zeta_init=0.1, zeta_max=0.5))
-        exact = make_control(
-            get_algorithm(name, zeta_init=0.1, zeta_max=0.5, repo_centering="exact")
-        )
+        raw, exact = _repo(name), _repo(name, centering="exact")
         assert not raw.needs_entropy and exact.needs_entropy
-        torch.testing.assert_close(raw.shape_advantages(adv, lp, ent), shape(adv, lp, 0.1))
-        torch.testing.assert_close(exact.shape_advantages(adv, lp, ent), shape(adv, lp + ent, 0.1))
+        assert raw.coefficient == exact.coefficient == 0.1
+        torch.testing.assert_close(
+            raw.lever.shape_advantages(adv, lp, ent, 0.1), shape(adv, lp, 0.1)
+        )
+        torch.testing.assert_close(
+            exact.lever.shape_advantages(adv, lp, ent, 0.1), shape(adv, lp + ent, 0.1)
+        )
         with pytest.raises(ValueError, match="exact per-token entropies"):
-            exact.shape_advantages(adv, lp, None)
-    exact_r = make_control(get_algorithm("repo-r", zeta_init=0.1, repo_centering="exact"))
+            exact.lever.shape_advantages(adv, lp, None, 0.1)
+    exact_r = _repo("repo-r", centering="exact")
     # (1 - 0.1 * (-3 + 1)) = 1.2 for A = 1; (1 + 0.1 * (-2)) = 0.8 for A = -1
     torch.testing.assert_close(
-        exact_r.shape_advantages(adv, lp, ent), torch.tensor([[1.2], [-0.8]])
+        exact_r.lever.shape_advantages(adv, lp, ent, 0.1), torch.tensor([[1.2], [-0.8]])
     )
 
 
@@ -73,14 +80,15 @@ def _update(centering: str) -> tuple[list[bool], torch.Tensor]:
         h = -(logp_all.exp() * logp_all).sum()
         return lp, h.expand(len(index))[:, None] if need_entropy else None
 
-    config = get_algorithm("repo-d", epochs=1, minibatch_size=None, zeta_init=0.5, zeta_max=0.5,
-                           repo_centering=centering)  # fmt: skip
+    config = build_algorithm({"name": "repo-d", "epochs": 1, "minibatch_size": None,
+                              "controller": {"init": 0.5, "max": 0.5},
+                              "lever": {"centering": centering}})  # fmt: skip
     batch = UpdateBatch.build(
         config.advantage, rewards=torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 1.0]),
         group_ids=torch.tensor([0, 0, 0, 1, 1, 1]), mask=torch.ones(6, 1),
     )  # fmt: skip
     grads = []
-    policy_update(make_control(config), batch, score=score,
+    policy_update(EntropyControl(config), batch, score=score,
                   backward=lambda loss: grads.append(torch.autograd.grad(loss, logits)[0]),
                   step=lambda: True, zero_grad=lambda: None)  # fmt: skip
     return asked, grads[0]

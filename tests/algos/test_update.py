@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from entrogym.algos import UpdateBatch, get_algorithm, make_control, policy_update
+from entrogym.algos import EntropyControl, UpdateBatch, build_algorithm, policy_update
 from entrogym.algos.entropy import repo_r
 
 
@@ -46,7 +46,7 @@ def _update(cfg, control, logits, actions, rewards, groups, *, score=None, **kw)
 
 def test_rloo_update_is_one_plain_policy_gradient_step():
     logits, actions, rewards, groups = _tabular()
-    cfg = get_algorithm("rloo")
+    cfg = build_algorithm("rloo")
     opt = torch.optim.SGD([logits], lr=0.1)
     start = logits.detach().clone()
 
@@ -56,7 +56,7 @@ def test_rloo_update_is_one_plain_policy_gradient_step():
 
     m = _update(
         cfg,
-        make_control(cfg),
+        EntropyControl(cfg),
         logits,
         actions,
         rewards,
@@ -78,8 +78,8 @@ def test_rloo_update_is_one_plain_policy_gradient_step():
 
 def test_repo_r_uses_latest_logprobs_and_controller_moves_after_target():
     logits, actions, rewards, groups = _tabular(seed=1)
-    cfg = get_algorithm("repo-r", minibatch_size=4)
-    control = make_control(cfg)
+    cfg = build_algorithm({"name": "repo-r", "minibatch_size": 4})
+    control = EntropyControl(cfg)
     old = torch.log_softmax(logits.detach(), -1)[actions][:, None]
     seen = []
 
@@ -98,18 +98,19 @@ def test_repo_r_uses_latest_logprobs_and_controller_moves_after_target():
     )
     assert len(seen) == cfg.epochs * 3  # 12 trajectories in minibatches of 4
     assert control.target == pytest.approx(float(-old.mean()))
-    assert control.coefficient == cfg.zeta_init  # first iteration only sets the target
+    assert control.coefficient == 1e-3  # the lever's start; the first iteration sets the target
     control.observe(control.target - 1.0)  # entropy fell: zeta doubles
-    assert control.coefficient == 2 * cfg.zeta_init
+    assert control.coefficient == 2e-3
     # shaping really is REPO-R on the score's log-probs
     adv = torch.tensor([1.0, -1.0], dtype=torch.float64)
     lp = torch.tensor([[-2.0], [-2.0]], dtype=torch.float64)
-    torch.testing.assert_close(control.shape_advantages(adv, lp), repo_r(adv, lp, 2e-3))
+    shaped = control.lever.shape_advantages(adv, lp, None, control.coefficient)
+    torch.testing.assert_close(shaped, repo_r(adv, lp, 2e-3))
 
 
 def test_entropy_bonus_needs_entropies_and_nan_loss_is_skipped():
     logits, actions, rewards, groups = _tabular(seed=2)
-    cfg = get_algorithm("grpo-entropy-bonus", minibatch_size=None, epochs=1)
+    cfg = build_algorithm({"name": "grpo-entropy-bonus", "minibatch_size": None, "epochs": 1})
 
     def no_entropy(index, need):
         return torch.log_softmax(logits, -1)[actions[index]][:, None], None
@@ -117,7 +118,7 @@ def test_entropy_bonus_needs_entropies_and_nan_loss_is_skipped():
     with pytest.raises(ValueError, match="entropies"):
         _update(
             cfg,
-            make_control(cfg),
+            EntropyControl(cfg),
             logits,
             actions,
             rewards,
@@ -128,7 +129,7 @@ def test_entropy_bonus_needs_entropies_and_nan_loss_is_skipped():
         )
     m = _update(
         cfg,
-        make_control(cfg),
+        EntropyControl(cfg),
         logits,
         actions,
         rewards,
@@ -154,7 +155,9 @@ def test_micro_batches_accumulate_to_the_whole_minibatch_gradient(aggregation):
         .gather(2, tokens[..., None])[..., 0]
         + 0.05
     )
-    cfg = get_algorithm("dapo", epochs=1, minibatch_size=None, aggregation=aggregation)
+    cfg = build_algorithm(
+        {"name": "dapo", "epochs": 1, "minibatch_size": None, "loss": {"aggregation": aggregation}}
+    )
 
     def score(index, need):
         lp = torch.log_softmax(table[index], -1)[:, None, :].expand(len(index), 5, 7)
@@ -166,7 +169,7 @@ def test_micro_batches_accumulate_to_the_whole_minibatch_gradient(aggregation):
             cfg.advantage, rewards=rewards, group_ids=groups, mask=mask, old_logprobs=old
         )
         policy_update(
-            make_control(cfg),
+            EntropyControl(cfg),
             batch,
             score=score,
             backward=torch.Tensor.backward,
@@ -180,7 +183,7 @@ def test_micro_batches_accumulate_to_the_whole_minibatch_gradient(aggregation):
 
 def test_non_finite_model_scores_skip_the_step_instead_of_raising():
     logits, actions, rewards, groups = _tabular(seed=3)
-    cfg = get_algorithm("repo-r", minibatch_size=None, epochs=1)
+    cfg = build_algorithm({"name": "repo-r", "minibatch_size": None, "epochs": 1})
     calls = []
 
     def nan_score(index, need):
@@ -188,7 +191,7 @@ def test_non_finite_model_scores_skip_the_step_instead_of_raising():
 
     m = _update(
         cfg,
-        make_control(cfg),
+        EntropyControl(cfg),
         logits,
         actions,
         rewards,

@@ -51,5 +51,7 @@ def test_bad_update_batches_are_named():
         _batch(lengths=torch.tensor([3, 2, 5, 3]))
     with pytest.raises(ValueError, match="mask must be a \\[B, T\\] tensor"):
         _batch(mask=torch.ones(4))
-    with pytest.raises(ValueError, match="advantage: unknown estimator"):
+    with pytest.raises(
+        ValueError, match="unknown advantage .ppo.; registered advantages: rloo, grpo"
+    ):
         UpdateBatch.build("ppo", rewards=torch.ones(2), group_ids=[0, 0], mask=torch.ones(2, 1))

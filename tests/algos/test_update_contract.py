@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from entrogym.algos import UpdateBatch, get_algorithm, make_control, policy_update
+from entrogym.algos import EntropyControl, UpdateBatch, build_algorithm, policy_update
 from entrogym.theory.lab import _scorer
 from entrogym.theory.tabular import TabularSoftmaxPolicy
 
@@ -45,7 +45,7 @@ def _run(cfg, problem, *, nan_at=(), old=True, step=None, micro=2, seed=1):
         old_logprobs=old_lp,
     )
     metrics = policy_update(
-        make_control(cfg),
+        EntropyControl(cfg),
         batch,
         score=score,
         backward=torch.Tensor.backward,
@@ -60,7 +60,7 @@ def _run(cfg, problem, *, nan_at=(), old=True, step=None, micro=2, seed=1):
 def test_a_skipped_minibatch_leaves_no_gradient_for_the_next_step():
     """NaN only in the second micro-batch of the first minibatch: the first micro-batch has
     already back-propagated, and that gradient must not reach the next minibatch's step."""
-    cfg = get_algorithm("loop", minibatch_size=4, epochs=1)
+    cfg = build_algorithm({"name": "loop", "minibatch_size": 4, "epochs": 1})
     clean, clean_m, _ = _run(cfg, _problem())  # steps record gradients, weights stay put
     dirty, dirty_m, _ = _run(cfg, _problem(), nan_at=(2,))
     assert (clean_m["optimizer_steps"], dirty_m["skipped_steps"]) == (3, 1)
@@ -70,7 +70,7 @@ def test_a_skipped_minibatch_leaves_no_gradient_for_the_next_step():
 
 
 def test_a_skipped_last_minibatch_leaves_nothing_after_the_update():
-    cfg = get_algorithm("loop", minibatch_size=4, epochs=1)
+    cfg = build_algorithm({"name": "loop", "minibatch_size": 4, "epochs": 1})
     problem = _problem()
     _, metrics, _ = _run(cfg, problem, nan_at=(6,))  # 12 rows, micro 2: call 6 = last chunk
     assert metrics["skipped_steps"] == 1
@@ -89,9 +89,9 @@ def _sgd_step(policy, lr=0.5):
 
 @pytest.mark.parametrize("preset", ["loop", "repo-r", "grpo-entropy-bonus", "gspo", "rloo"])
 def test_reusing_on_policy_scores_equals_scoring_old_logprobs_first(preset):
-    cfg = get_algorithm(preset)
+    cfg = build_algorithm(preset)
     if cfg.minibatch_size is not None:
-        cfg = get_algorithm(preset, minibatch_size=4)
+        cfg = build_algorithm({"name": preset, "minibatch_size": 4})
     runs = {}
     for old in (True, False):
         problem = _problem(seed=3)
@@ -111,7 +111,7 @@ def test_reusing_on_policy_scores_equals_scoring_old_logprobs_first(preset):
 def test_reuse_with_real_steps_matches_the_two_pass_path():
     """With an optimizer that moves the weights, later minibatches are off-policy: their old
     log-probs must still be the pre-update ones, scored before the first step."""
-    cfg = get_algorithm("loop", minibatch_size=4)
+    cfg = build_algorithm({"name": "loop", "minibatch_size": 4})
     finals, olds = [], []
     for old in (True, False):
         problem = _problem(seed=4)

@@ -1,18 +1,19 @@
-"""One option system for every command: spellings, nested preset knobs, flags, errors."""
+"""One option system for every command: spellings, algorithm options, flags, errors."""
 
 from __future__ import annotations
 
 import importlib
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
-from entrogym.algos.presets import ALGORITHMS
+from entrogym.algos import ALGORITHMS, PART_REGISTRIES
 from entrogym.commands import bandit, demo, model, plot, theory
 from entrogym.commands import eval as eval_command
 from entrogym.commands.options import normalise_argv
 from entrogym.commands.train import build_parser, parse_config
-from entrogym.train.config import TrainConfig, preset_knobs
+from entrogym.train.config import TrainConfig
 
 COMMANDS = ("train", "eval", "bandit", "demo", "plot", "theory", "model", "appworld")
 
@@ -29,41 +30,88 @@ def test_every_command_has_help_with_dashed_options(name: str, capsys) -> None:
     assert "--config" in text and "--print-config" in text and "--print_config" not in text
 
 
-def test_train_help_lists_every_preset_knob_dashed(capsys) -> None:
+def test_train_help_lists_every_preset_part_and_knob_dashed(capsys) -> None:
     text = build_parser().format_help()
-    for knob in {k for name in ALGORITHMS for k in preset_knobs(name)}:
-        assert f"--algo.{knob.replace('_', '-')}" in text, knob
+    assert all(name in text for name in ALGORITHMS)
+    for kind, registry in PART_REGISTRIES.items():
+        for name in registry.names():
+            assert f"    {name}: " in text, (kind, name)
+            for f in fields(registry.params_class(name)):
+                assert f"--algo.{kind}.{f.name.replace('_', '-')} " in text, (kind, name, f.name)
     assert "--tasks-per-iter" in text and "--tasks_per_iter" not in text
-    assert "--algo.entropy-control" not in text and "--algo.control " not in text
 
 
-def test_nested_knobs_on_the_command_line_and_in_yaml(tmp_path: Path) -> None:
-    cfg = parse_config(["--algo", "repo-r", "--algo.zeta-max", "0.5"])
-    assert (cfg.algo.name, cfg.algorithm().zeta_max) == ("repo-r", 0.5)
-    cfg = parse_config(["--algo", "repo-r", "--algo.zeta_max", "0.5"])  # underscores too
-    assert cfg.algorithm().zeta_max == 0.5
-    new = tmp_path / "new.yaml"
-    new.write_text("algo: {name: repo-d, zeta_max: 3.0, epochs: 1}\n")
-    cfg = parse_config(["--config", str(new)])
-    assert (cfg.algorithm().zeta_max, cfg.algorithm().epochs) == (3.0, 1)
-    old = tmp_path / "old.yaml"
-    old.write_text("algo: dapo\nalgo_overrides: {minibatch_size: 256}\n")
-    cfg = parse_config(["--config", str(old), "--algo.epochs", "3"])
+def test_algorithm_options_on_the_command_line_and_in_yaml(tmp_path: Path) -> None:
+    argv = ["--algo", "repo-d", "--algo.controller", "pi", "--algo.controller.kp", "0.3"]
+    cfg = parse_config(argv)
     algo = cfg.algorithm()
-    assert (algo.name, algo.minibatch_size, algo.epochs, algo.eps_high) == ("dapo", 256, 3, 0.28)
-    # the run folder's config.yaml keeps only the knobs that are set
-    assert cfg.to_dict()["algo"] == {"name": "dapo", "epochs": 3}
-    assert TrainConfig(**cfg.to_dict()).algorithm() == algo
+    assert (algo.name, algo.controller.name, algo.controller.params.kp) == ("repo-d", "pi", 0.3)
+    assert cfg.algo == {"name": "repo-d", "controller": {"name": "pi", "kp": 0.3}}  # typed
+    same = parse_config(["--algo=repo-d", "--algo.controller=pi", "--algo.controller.kp=0.3"])
+    assert same.algorithm() == algo
+    swapped = parse_config(
+        ["--algo", "grpo", "--algo.lever", "kl-cov", "--algo.lever.kl-cov-ratio", "0.01"]
+    )
+    assert swapped.algorithm().lever.params.kl_cov_ratio == 0.01
+    yaml_file = tmp_path / "run.yaml"
+    yaml_file.write_text(
+        "algo: {name: repo-d, controller: {name: pi, kp: 0.3}, lever: {centering: exact}, "
+        "epochs: 1}\n"
+    )
+    cfg = parse_config(["--config", str(yaml_file)])
+    assert (
+        cfg.algorithm()
+        == parse_config(
+            [*argv, "--algo.lever.centering", "exact", "--algo.epochs", "1"]
+        ).algorithm()
+    )
+    # command-line options merge over the file's: knobs join, a part named anew replaces
+    cfg = parse_config(["--config", str(yaml_file), "--algo.controller.ki", "0.2"])
+    assert (cfg.algorithm().controller.params.kp, cfg.algorithm().controller.params.ki) == (
+        0.3,
+        0.2,
+    )
+    cfg = parse_config(["--config", str(yaml_file), "--algo.controller", "paper"])
+    assert cfg.algorithm().controller.name == "paper"  # pi's kp does not carry over
+    assert cfg.algorithm().lever.params.centering == "exact"
+    # the run folder's config.yaml keeps what was given, and reads back to the same algorithm
+    assert TrainConfig(**cfg.to_dict()).algorithm() == cfg.algorithm()
+    old = tmp_path / "old.yaml"
+    old.write_text("algo: dapo\n")
+    assert parse_config(["--config", str(old), "--algo.epochs", "3"]).algorithm().epochs == 3
 
 
-def test_unknown_knob_is_named_with_the_presets_knobs() -> None:
-    with pytest.raises(ValueError, match=r"algo.zeta_max is not a knob of preset 'grpo'") as err:
-        parse_config(["--algo", "grpo", "--algo.zeta-max", "0.5"])
-    assert "minibatch_size" in str(err.value) and "zeta_min" not in str(err.value)
-    with pytest.raises(ValueError, match="known presets"):
-        parse_config(["--algo", "ppo"])
-    with pytest.raises(ValueError, match="unknown knob"):
-        TrainConfig(algo={"name": "repo-r", "zeta_maxx": 1.0})
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (
+            ["--algo", "grpo", "--algo.zeta-max", "0.5"],
+            "--algo.zeta-max is not an algorithm option",
+        ),
+        (["--algo", "ppo"], "unknown algorithm 'ppo'; presets: rloo, grpo"),
+        (["--algo", "grpo", "--algo.controller", "pi"], "presets with a lever: repo-r, repo-d"),
+        (["--algo", "repo-d", "--algo.controller", "pid"], "registered controllers: fixed, paper"),
+        (["--algo", "repo-d", "--algo.lever", "mine:x"], "cannot import module 'mine'"),
+        (
+            ["--algo", "repo-d", "--algo.controller", "pi", "--algo.controller.kp", "-1"],
+            "must be >= 0",
+        ),
+        (["--algo", "repo-d", "--algo.controller.target", "0"], "target must be > 0"),
+        (
+            ["--algo", "repo-d", "--algo.controller.min", "2", "--algo.controller.max", "1"],
+            "min must be <=",
+        ),
+        (["--algo", "repo-d", "--algo.loss.eps-low", "-1"], "eps_low must be in [0, 1)"),
+        (["--algo", "repo-d", "--algo.controller.kp", "0.3"], "controllers that have it: pi"),
+        (["--algo", "repo-d", "--algo.controller.kp"], "needs a value"),
+    ],
+)
+def test_bad_algorithm_options_are_one_line_before_anything_loads(argv, needle, capsys) -> None:
+    from entrogym.commands.train import cli
+
+    assert cli([*argv, "--model", "/nonexistent-model-folder"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err and "Traceback" not in err, err
 
 
 def test_boolean_options_are_flags() -> None:
@@ -111,28 +159,29 @@ def test_eval_takes_plain_urls_and_a_module_env() -> None:
         parse_options(eval_command.build_parser(), [], eval_command.EvalConfig)
 
 
-def test_bandit_applies_nested_knobs_to_the_presets_that_have_them() -> None:
+def test_bandit_applies_algorithm_options_to_the_presets() -> None:
     from entrogym.commands.options import parse_options
 
     opts = parse_options(
         bandit.build_parser(),
-        ["--algos", "grpo,repo-r", "--algo.zeta-max", "0.5", "--algo.epochs", "1"],
+        ["--algos", "grpo,repo-d", "--algo.controller", "pi", "--algo.epochs", "1"],
         bandit.BanditOptions,
     )
     lab = opts.lab()
-    assert lab.algorithm("repo-r").zeta_max == 0.5 and lab.algorithm("repo-r").epochs == 1
-    assert lab.algorithm("grpo").epochs == 1 and lab.algorithm("grpo") != ALGORITHMS["grpo"]
-    opts = parse_options(
-        bandit.build_parser(), ["--algos", "grpo", "--algo.zeta-max", "0.5"], bandit.BanditOptions
-    )
-    with pytest.raises(ValueError, match="algo.zeta_max is a knob of none of the chosen presets"):
-        opts.lab()
+    assert lab.algorithm("repo-d").controller.name == "pi" and lab.algorithm("repo-d").epochs == 1
+    assert lab.algorithm("grpo").epochs == 1 and lab.algorithm("grpo").controller is None
+    variant = parse_options(
+        bandit.build_parser(),
+        ["--algos", "grpo", "repo-d --algo.controller pi --algo.controller.kp 0.2"],
+        bandit.BanditOptions,
+    ).lab()
+    assert variant.algorithm(variant.algos[1]).controller.params.kp == 0.2
 
 
-def test_bandit_cli_rejects_a_knob_no_preset_has(capsys) -> None:
-    assert bandit.cli(["--algos", "rloo", "--algo.eps-high-max", "0.3"]) == 2
+def test_bandit_cli_rejects_options_no_preset_takes(capsys) -> None:
+    assert bandit.cli(["--algos", "rloo", "--algo.controller", "pi"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "eps_high_max" in err
+    assert err.count("\n") == 1 and "none of rloo has one" in err
 
 
 @pytest.mark.parametrize(

@@ -14,25 +14,28 @@ from entrogym.demo import DEFAULT_ITERATIONS, DEFAULT_RUNS, demo_config, parse_r
 
 
 def test_a_variant_is_labelled_and_keeps_the_presets_other_values(tmp_path: Path) -> None:
-    label, folder, algo = parse_run("repo-r:zeta_init=0.05:zeta_max=0.5")
-    assert label == "repo-r (zeta_init=0.05, zeta_max=0.5)"
-    assert folder == "repo-r-zeta_init0.05-zeta_max0.5"
+    label, folder, algo = parse_run("repo-r --algo.controller.init=0.05  --algo.controller.max 0.5")
+    assert label == "repo-r --algo.controller.init 0.05 --algo.controller.max 0.5"
+    assert folder == "repo-r_controller.init_0.05_controller.max_0.5"
     cfg = demo_config(algo, tmp_path, 15, 1e-3, 40, seed=3, engine="hf", name=folder)
     resolved = cfg.algorithm()
-    assert (resolved.zeta_init, resolved.zeta_max, resolved.zeta_min) == (0.05, 0.5, 1e-4)
+    assert (resolved.controller.params.init, resolved.controller.params.max) == (0.05, 0.5)
+    assert resolved.controller.params.min is None  # the lever's 1e-4, as the preset
     assert (cfg.seed, cfg.engine, Path(cfg.out).name) == (3, "hf", folder)
     assert parse_run("repo-r") == ("repo-r", "repo-r", {"name": "repo-r"})
-    assert demo_config("repo-r", tmp_path, 15, 1e-3, 40).algorithm().zeta_max == 0.05
+    assert demo_config("repo-r", tmp_path, 15, 1e-3, 40).algorithm().controller.name == "paper"
 
 
 @pytest.mark.parametrize(
     ("spec", "needle"),
     [
-        ("grpo:zeta_max=0.5", "zeta_max"),
-        ("repo-r:zeta_max", "knob=VALUE"),
+        ("grpo --algo.controller pi", "presets with a lever: repo-r"),
+        ("repo-r --algo.controller.max", "needs a value"),
         ("ppo", "ppo"),
-        ("repo-r:repo_centering=fancy", "raw, exact"),
-        ("grpo:repo_centering=exact", "repo-r, repo-d"),
+        ("repo-r --algo.lever.centering fancy", "raw, exact"),
+        ("repo-r --algo.lever nope", "registered levers: none, repo-r"),
+        ("repo-d --algo.controller pid", "registered controllers"),
+        ("repo-d --algo.controller pi --algo.controller.kq 1", "its knobs: target"),
     ],
 )
 def test_bad_runs_are_refused_naming_the_problem(spec: str, needle: str, capsys) -> None:
@@ -52,14 +55,17 @@ def test_defaults_meet_the_issue_floor_and_seed_is_an_option() -> None:
     assert {parse_run(s)[2]["name"] for s in DEFAULT_RUNS} >= {"grpo", "repo-r"}
     with pytest.raises(ValueError, match="engine"):
         DemoOptions(engine="tpu")
-    assert DemoOptions(algos=["grpo,repo-r:zeta_max=0.5", "adapo"]).algos == [
-        "grpo", "repo-r:zeta_max=0.5", "adapo"]  # fmt: skip
+    variant = "repo-d --algo.controller pi"
+    assert DemoOptions(algos=[f"grpo,{variant}", "adapo"]).algos == ["grpo", variant, "adapo"]
 
 
 def test_sweep_cells_parse_and_name_uniquely() -> None:
-    cell = parse_cell("repo-r:lr=5e-4:iters=20:seed=1:zeta_init=0.05:zeta_max=0.5")
-    assert cell["algo"] == {"name": "repo-r", "zeta_init": 0.05, "zeta_max": 0.5}
+    cell = parse_cell(
+        "repo-d --algo.controller pi --algo.controller.kp 0.3 --lr 5e-4 --iters 20 --seed 1"
+    )
+    assert cell["algo"] == {"name": "repo-d", "controller": {"name": "pi", "kp": 0.3}}
     assert (cell["lr"], cell["iters"], cell["seed"], cell["engine"]) == (5e-4, 20, 1, "hf")
-    assert cell_name(cell) != cell_name(parse_cell("repo-r:lr=5e-4:iters=20:seed=0"))
-    with pytest.raises(ValueError, match="key=value"):
-        parse_cell("grpo:lr")
+    other = parse_cell("repo-d --algo.controller pi --algo.controller.kp 0.3 --lr 5e-4 --iters 20")
+    assert cell_name(cell) != cell_name(other)
+    with pytest.raises(ValueError, match="is not one of --lr"):
+        parse_cell("grpo --lr")

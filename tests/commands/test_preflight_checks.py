@@ -21,7 +21,7 @@ UNWRITABLE = "/proc/entrogym-no-such-dir/run"  # not writable even for root
     [
         (["--env", "nope/NoSuchEnv-v0"], "nope/NoSuchEnv-v0"),
         (["--env", "no_such_module_xyz:examples/X-v0"], "no_such_module_xyz"),
-        (["--algo", "ppo"], "known presets"),
+        (["--algo", "ppo"], "unknown algorithm 'ppo'; presets: rloo"),
         (["--model", "/no/such/model"], "/no/such/model"),
         (["--out", UNWRITABLE], "cannot write"),
     ],

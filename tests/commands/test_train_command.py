@@ -1,11 +1,13 @@
-"""``entrogym train`` end to end on tiny-random-llama: nested knobs reach the run, the in-run
-evaluation defaults to the held-out split and its rows carry ``split`` and ``accuracy``."""
+"""``entrogym train`` end to end on tiny-random-llama: algorithm options reach the run, every
+lever and controller trains on the LLM path, the in-run evaluation defaults to the held-out
+split and its rows carry ``split`` and ``accuracy``."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
 from entrogym.commands.train import cli
@@ -17,7 +19,7 @@ QUICK = [
 ]  # fmt: skip
 
 
-def test_train_with_nested_knobs_and_held_out_eval(tmp_path: Path) -> None:
+def test_train_with_algorithm_options_and_held_out_eval(tmp_path: Path) -> None:
     out = tmp_path / "run"
     argv = [
         *QUICK,
@@ -26,7 +28,7 @@ def test_train_with_nested_knobs_and_held_out_eval(tmp_path: Path) -> None:
         "--env-kwargs",
         "{num_train: 8, num_test: 4}",
     ]
-    argv += ["--algo", "repo-r", "--algo.zeta-max", "0.5", "--algo.epochs", "1"]
+    argv += ["--algo", "repo-r", "--algo.controller.max", "0.5", "--algo.epochs", "1"]
     argv += ["--eval-env", "entrogym/Arithmetic-v0", "--eval-every", "1", "--eval-tasks", "2"]
     assert cli([*argv, "--out", str(out)]) == 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -34,4 +36,33 @@ def test_train_with_nested_knobs_and_held_out_eval(tmp_path: Path) -> None:
     assert evals and all(r["split"] == "test" for r in evals)  # held out, not train
     assert all(r["accuracy"] == r["pass@1"] for r in evals)
     saved = yaml.safe_load((out / "config.yaml").read_text())
-    assert saved["algo"] == {"name": "repo-r", "zeta_max": 0.5, "epochs": 1}
+    assert saved["algo"] == {"name": "repo-r", "controller": {"max": 0.5}, "epochs": 1}
+
+
+@pytest.mark.parametrize(
+    ("options", "coefficient", "share"),
+    [
+        (["--algo", "repo-d", "--algo.controller", "pi", "--algo.lever.centering", "exact"], "zeta", None),
+        (["--algo", "kl-cov", "--algo.lever.kl-cov-ratio", "0.2"], "kl_coef", "kl_cov_share"),
+        (["--algo", "clip-cov", "--algo.lever.lb", "-100", "--algo.controller.init", "0.2"],
+         "clip_cov_ratio", "clip_cov_share"),
+        (["--algo", "grpo-adaptive-entropy", "--algo.mask", "high-entropy"], "beta", "token_mask_share"),
+        (["--algo", "adapo", "--algo.controller", "additive", "--algo.controller.step", "optimizer"],
+         "eps_high", None),
+    ],
+)  # fmt: skip
+def test_every_lever_and_controller_trains_through_the_command(
+    tmp_path: Path, options: list[str], coefficient: str, share: str | None
+) -> None:
+    out = tmp_path / "run"
+    env = ["--env", "entrogym/Arithmetic-v0", "--env-kwargs", "{num_train: 8, num_test: 4}"]
+    argv = [*QUICK, *env, "--iterations", "2", "--samples", "3", "--max-response-tokens", "6"]
+    assert cli([*argv, *options, "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r.get("kind", "train") == "train"]
+    assert len(train) == 2
+    for row in train:
+        assert row[coefficient] is not None and row["entropy_target"] > 0
+        assert row["entropy_error"] == pytest.approx(row["entropy"] / row["entropy_target"] - 1)
+        if share is not None:
+            assert 0 < row[share] <= 1  # the token-selecting part touched some tokens

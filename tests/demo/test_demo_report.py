@@ -21,7 +21,7 @@ def summary(records: list[dict]) -> dict:
 
 
 def test_goal_holds_only_when_it_holds_on_every_seed() -> None:
-    r = "repo-r (zeta_max=0.5)"
+    r = "repo-r --algo.controller.max 0.5"
     both = [record("grpo", "grpo", 0, 0.4), record(r, "repo-r", 0, 0.8),
             record("grpo", "grpo", 1, 0.3), record(r, "repo-r", 1, 0.75)]  # fmt: skip
     assert goal(both)["held"] == {r: True}

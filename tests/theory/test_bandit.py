@@ -93,6 +93,10 @@ def test_lab_runs_every_preset_and_writes_outputs(tmp_path: Path, capsys) -> Non
     for algo in ALGORITHMS:
         for key in ("entropy_initial", "entropy_final", "reward_final", "cumulative_entropy"):
             assert np.isfinite(summary[algo][key])
+    for algo in ALGORITHMS:  # tracking: mean and max of |H / H_target - 1| over the 2nd half
+        assert 0 <= summary[algo]["tracking_error"] <= summary[algo]["max_excursion"]
+    assert summary["grpo-adaptive-entropy"]["entropy_target"] == 0.2  # TRL's target, in nats
+    assert summary["grpo"]["entropy_target"] == summary["grpo"]["entropy_initial"]
     assert set(summary["claims"]) == {
         "grpo_below_rloo",
         "dapo_above_loop",
@@ -101,6 +105,9 @@ def test_lab_runs_every_preset_and_writes_outputs(tmp_path: Path, capsys) -> Non
         "grpo_loses_half",
         "repo-d_holds_entropy",
         "grpo-entropy-bonus_holds_entropy",
+        "grpo-adaptive-entropy_holds_entropy",
+        "clip-cov_holds_entropy",
+        "kl-cov_holds_entropy",
     }
     png = (out / "entropy.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000

@@ -15,15 +15,18 @@ TINY = LabConfig(iters=6, n_states=4, n_arms=6, samples_per_state=4)
 
 def test_a_cell_gives_the_numbers_of_the_single_lab_run() -> None:
     table = run_sweep(
-        ["repo-r"], {"lr": [8.0, 32.0], "algo.zeta_max": [0.5]}, seeds=2, base=TINY, workers=2
-    )
+        ["repo-r"], {"lr": [8.0, 32.0], "algo.controller.max": ["0.5"]}, seeds=2, base=TINY,
+        workers=2,
+    )  # fmt: skip
     assert [row["lr"] for row in table] == [8.0, 32.0]
-    assert "algo.zeta_max" not in table[0]  # given once: fixed, not a column
-    label = "repo-r (zeta_max=0.5)"
+    assert "algo.controller.max" not in table[0]  # given once: fixed, not a column
+    label = "repo-r --algo.controller.max 0.5"
     for row in table:
         lab = LabConfig(**{**vars(TINY), "algos": [label], "seeds": 2, "lr": row["lr"]})
         single = run_lab(lab)[label]
         assert row["entropy_ratio"] == single["entropy_final_ratio"]
+        assert row["tracking_error"] == single["tracking_error"]
+        assert row["max_excursion"] == single["max_excursion"]
         assert row["reward_final"] == single["reward_final"]
         assert row["cumulative_entropy"] == single["cumulative_entropy"]
     assert table[0]["entropy_ratio"] != table[1]["entropy_ratio"]
@@ -31,11 +34,14 @@ def test_a_cell_gives_the_numbers_of_the_single_lab_run() -> None:
 
 def test_grid_values_are_typed_and_crossed() -> None:
     args = parse_sweep_args(
-        ["--algos", "adapo,grpo", "--lr", "4,16", "--algo.minibatch_size=none,32", "--seeds", "2"]
+        ["--algos", "adapo,grpo", "--lr", "4,16", "--algo.minibatch-size=none,32", "--seeds", "2"]
     )
     assert args.algos == ["adapo", "grpo"] and args.seeds == 2
-    assert args.grid == {"lr": [4.0, 16.0], "algo.minibatch_size": [None, 32]}
+    # lab knobs typed at once; algorithm options when their cell is resolved
+    assert args.grid == {"lr": [4.0, 16.0], "algo.minibatch_size": ["none", "32"]}
     assert len(grid_cells(args.grid)) == 4
+    table = run_sweep(["grpo"], {"algo.minibatch_size": ["none", "2"]}, seeds=1, base=TINY)
+    assert [row["algo.minibatch_size"] for row in table] == [None, 2]
 
 
 @pytest.mark.parametrize(
@@ -44,7 +50,15 @@ def test_grid_values_are_typed_and_crossed() -> None:
         (["--algos", "grpo", "--learning_rate", "1,2"], ["learning_rate", "lr", "n_arms"]),
         (
             ["--algos", "repo-r,grpo", "--algo.zeta_max", "0.5"],
-            ["zeta_max", "'grpo'", "algo.epochs"],
+            ["algo.zeta_max is not an algorithm option", "--algo.PART.KNOB"],
+        ),
+        (
+            ["--algos", "repo-d,grpo", "--algo.controller", "paper,pi"],
+            ["preset 'grpo' has no lever", "presets with a lever: repo-r"],
+        ),
+        (
+            ["--algos", "repo-d", "--algo.controller", "pi", "--algo.controller.kp", "-1"],
+            ["algo.controller.kp and algo.controller.ki must be >= 0"],
         ),
         (["--algos", "grpo", "--lr", ","], ["empty grid", "lr"]),
         (["--algos", "grpo"], ["empty grid"]),
@@ -62,14 +76,14 @@ def test_bad_input_names_the_valid_choices(argv: list[str], words: list[str], ca
 
 
 def test_cli_writes_table_and_heatmaps(tmp_path: Path, capsys) -> None:
-    argv = ["--algos", "repo-r,repo-d", "--algo.zeta_max", "0.05,0.5", "--lr", "8,16"]
+    argv = ["--algos", "repo-r,repo-d", "--algo.controller.max", "0.05,0.5", "--lr", "8,16"]
     tiny = ["--iters", "4", "--n_states", "3", "--n_arms", "4", "--samples_per_state", "3"]
     assert sweep_cli([*argv, *tiny, "--seeds", "1", "--workers", "1", "--out", str(tmp_path)]) == 0
     with open(tmp_path / "sweep.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 8
-    assert list(rows[0])[:3] == ["algo", "algo.zeta_max", "lr"]
-    assert {"entropy_ratio", "reward_final", "cumulative_entropy"} <= set(rows[0])
+    assert list(rows[0])[:3] == ["algo", "algo.controller.max", "lr"]
+    assert {"entropy_ratio", "tracking_error", "max_excursion", "reward_final"} <= set(rows[0])
     assert all(0 < float(r["entropy_ratio"]) < 3 for r in rows)
     for algo in ("repo-r", "repo-d"):
         assert (tmp_path / f"sweep_{algo}.png").stat().st_size > 1000
@@ -81,12 +95,13 @@ def test_entrogym_bandit_sweep_reaches_the_sweep(tmp_path: Path, capsys) -> None
 
     assert "entrogym bandit sweep" in bandit.build_parser().format_help()
     tiny = ["--iters", "4", "--n-states", "3", "--n-arms", "4", "--samples-per-state", "3"]
-    argv = ["sweep", "--algos", "repo-r", "--lr", "4,16", "--algo.repo-centering", "raw,exact"]
+    argv = ["sweep", "--algos", "repo-d", "--lr", "4,16", "--algo.controller", "paper,pi"]
     assert bandit.cli([*argv, *tiny, "--seeds", "1", "--workers", "1", "--out", str(tmp_path)]) == 0
     with open(tmp_path / "sweep.csv") as f:
         rows = list(csv.DictReader(f))
-    assert [(r["lr"], r["algo.repo_centering"]) for r in rows] == [
-        ("4.0", "raw"), ("4.0", "exact"), ("16.0", "raw"), ("16.0", "exact"),
+    assert [(r["lr"], r["algo.controller"]) for r in rows] == [
+        ("4.0", "paper"), ("4.0", "pi"), ("16.0", "paper"), ("16.0", "pi"),
     ]  # fmt: skip
-    assert bandit.cli(["sweep", "--algos", "grpo", "--algo.repo_centering", "exact"]) == 2
-    assert "presets that accept it: repo-r, repo-d" in capsys.readouterr().err
+    assert all(float(r["tracking_error"]) >= 0 for r in rows)
+    assert bandit.cli(["sweep", "--algos", "grpo", "--algo.lever.centering", "exact"]) == 2
+    assert "presets with a lever: repo-r, repo-d" in capsys.readouterr().err

@@ -1,44 +1,54 @@
-"""Labelled preset variants of the bandit lab ("repo-r (zeta_max=0.5)")."""
+"""Labelled variants of the bandit lab, in the one spelling of algorithms
+("repo-d --algo.controller pi --algo.controller.kp 0.3"), and lab-wide algorithm options."""
 
 from __future__ import annotations
 
 import pytest
 
 from entrogym.algos.presets import ALGORITHMS
-from entrogym.theory.lab import LabConfig, run_one
-from entrogym.theory.variants import get_algorithm, parse_variant, preset_knobs, variant_label
+from entrogym.theory.lab import LabConfig, entry_label, run_one
 
 
-def test_a_label_resolves_to_the_preset_with_its_knobs() -> None:
-    config = get_algorithm("adapo (epochs=8 minibatch_size=32 eps_high_max=1.0)")
+def test_an_entry_resolves_to_the_preset_with_its_options() -> None:
+    lab = LabConfig()
+    config = lab.algorithm(
+        "adapo --algo.epochs 8 --algo.minibatch-size 32 --algo.controller.max 1.0"
+    )
     assert (config.name, config.epochs, config.minibatch_size) == ("adapo", 8, 32)
-    assert config.eps_high_max == 1.0 and config.eps_low == ALGORITHMS["adapo"].eps_low
-    assert get_algorithm("grpo") == ALGORITHMS["grpo"]
-    assert parse_variant("repo-r (zeta_max=0.5, minibatch_size=none)") == (
-        "repo-r",
-        {"zeta_max": 0.5, "minibatch_size": None},
-    )
-    assert parse_variant(variant_label("repo-d", {"zeta_max": 0.5})) == (
-        "repo-d",
-        {"zeta_max": 0.5},
-    )
+    assert config.controller.params.max == 1.0
+    assert config.loss == ALGORITHMS["adapo"].loss
+    assert lab.algorithm("grpo") == ALGORITHMS["grpo"]
+    # spacing and = are normalised in the label tables and files show
+    assert entry_label("repo-d  --algo.controller=pi") == "repo-d --algo.controller pi"
 
 
-def test_control_knobs_apply_only_to_their_presets() -> None:
-    assert "zeta_max" in preset_knobs("repo-r") and "zeta_max" not in preset_knobs("grpo")
-    assert "eps_high_max" in preset_knobs("adapo") and "eps_high_max" not in preset_knobs("dapo")
-    with pytest.raises(ValueError, match="eps_high_max"):
-        get_algorithm("grpo (eps_high_max=1.0)")
-    with pytest.raises(ValueError, match="cannot read"):
-        get_algorithm("repo-r (zeta_max=big)")
-    with pytest.raises(ValueError, match="algos"):
-        LabConfig(algos=["repo-r (zeta=1)"]).validate()
+def test_bad_entries_are_named() -> None:
+    with pytest.raises(ValueError, match="algos: 'grpo --algo.controller pi': .*no lever"):
+        LabConfig(algos=["grpo --algo.controller pi"]).validate()
+    with pytest.raises(ValueError, match="cannot read 'big' as float"):
+        LabConfig(algos=["repo-r --algo.controller.max big"]).validate()
+    with pytest.raises(ValueError, match="algo.zeta is not an algorithm option"):
+        LabConfig(algos=["repo-r --algo.zeta 1"]).validate()
+
+
+def test_lab_wide_options_apply_to_the_presets_with_a_lever() -> None:
+    lab = LabConfig(algos=["grpo", "repo-d"], algo={"controller": {"name": "pi"}})
+    lab.validate()
+    assert lab.algorithm("grpo").controller is None  # no lever: controller options skip it
+    assert lab.algorithm("repo-d").controller.name == "pi"
+    own = lab.algorithm("repo-d --algo.controller paper")  # an entry's own option wins
+    assert own.controller.name == "paper"
+    with pytest.raises(ValueError, match="none of grpo, dapo has one"):
+        LabConfig(algos=["grpo", "dapo"], algo={"controller": {"name": "pi"}}).validate()
+    named = LabConfig(algos=["grpo"], algo={"lever": {"name": "repo-d"}})
+    assert named.algorithm("grpo").lever.name == "repo-d"  # naming a lever adds it to all
 
 
 def test_a_variant_without_changes_runs_like_its_preset() -> None:
     lab = LabConfig(iters=3, n_states=4, n_arms=6, samples_per_state=4)
     _, plain = run_one("repo-r", 0, lab)
-    _, same = run_one("repo-r (zeta_max=0.05)", 0, lab)
-    _, other = run_one("repo-r (zeta_max=0.5 zeta_init=0.5)", 0, lab)
+    _, same = run_one("repo-r --algo.controller.max 0.05", 0, lab)
+    _, other = run_one("repo-r --algo.controller.max 0.5 --algo.controller.init 0.5", 0, lab)
     assert [r["entropy"] for r in plain] == [r["entropy"] for r in same]
     assert [r["entropy"] for r in plain] != [r["entropy"] for r in other]
+    assert plain[0]["algo"] == "repo-r" and other[0]["algo"].startswith("repo-r --algo.")

@@ -1,4 +1,4 @@
-"""Exact centring of REPO's log-prob (``repo_centering: exact``, log pi + H) in the bandit lab."""
+"""Exact centring of REPO's log-prob (``--algo.lever.centering exact``, log pi + H) in the lab."""
 
 from __future__ import annotations
 
@@ -23,46 +23,48 @@ def _numbers(rows: list[dict]) -> list[dict]:
 
 def test_raw_centring_reproduces_the_default_runs_exactly() -> None:
     lab = LabConfig(iters=5, n_states=4, n_arms=6, samples_per_state=4)
-    for preset in ("repo-r (zeta_init=0.5 zeta_max=0.5)", "repo-d (zeta_max=0.5)"):
-        name, knobs = preset.split(" (")
-        raw = f"{name} ({knobs[:-1]} repo_centering=raw)"
+    for preset in ("repo-r --algo.controller.init 0.5 --algo.controller.max 0.5",
+                   "repo-d --algo.controller.max 0.5"):  # fmt: skip
+        raw = f"{preset} --algo.lever.centering raw"
         assert _numbers(run_one(raw, 0, lab)[1]) == _numbers(run_one(preset, 0, lab)[1])
 
 
 def test_exact_centring_changes_repo_only() -> None:
     lab = LabConfig(iters=5, n_states=4, n_arms=6, samples_per_state=4)
-    plain = run_one("repo-r (zeta_init=0.5 zeta_max=0.5)", 0, lab)[1]
-    exact = run_one("repo-r (zeta_init=0.5 zeta_max=0.5 repo_centering=exact)", 0, lab)[1]
+    repo_r = "repo-r --algo.controller.init 0.5 --algo.controller.max 0.5"
+    plain = run_one(repo_r, 0, lab)[1]
+    exact = run_one(f"{repo_r} --algo.lever.centering exact", 0, lab)[1]
     assert [r["entropy"] for r in exact] != [r["entropy"] for r in plain]
-    # the same knob lab-wide: REPO presets take it, the others run unchanged
+    # the same option lab-wide: the presets with a lever take it, the others run unchanged
     shared = LabConfig(
         iters=5, n_states=4, n_arms=6, samples_per_state=4, algos=["grpo", "repo-d"],
-        knobs={"repo_centering": "exact"},
+        algo={"lever": {"centering": "exact"}},
     )  # fmt: skip
     shared.validate()
     assert run_one("grpo", 0, shared)[1] == run_one("grpo", 0, lab)[1]
-    assert shared.algorithm("repo-d").repo_centering == "exact"
-    assert shared.algorithm("grpo").repo_centering == "raw"
+    assert shared.algorithm("repo-d").lever.params.centering == "exact"
+    assert shared.algorithm("grpo").lever.name == "none"
 
 
 def test_lab_numbers_repo_d_at_zeta_half_and_lr_64() -> None:
     """The documented lab result (defaults: 3 seeds, 50 iterations, SGD lr 64): REPO-D with
     zeta <= 0.5 keeps 0.80 of its entropy raw and about 0.95 with exact centring."""
     lab = LabConfig()
-    raw = _final_ratio("repo-d (zeta_max=0.5)", lab)
-    exact = _final_ratio("repo-d (zeta_max=0.5 repo_centering=exact)", lab)
+    raw = _final_ratio("repo-d --algo.controller.max 0.5", lab)
+    exact = _final_ratio("repo-d --algo.controller.max 0.5 --algo.lever.centering exact", lab)
     assert raw == pytest.approx(0.798, abs=0.005)
     assert exact == pytest.approx(0.951, abs=0.01)
 
 
 def test_repo_centering_is_sweepable() -> None:
     base = LabConfig(iters=5, n_states=4, n_arms=6, samples_per_state=4)
-    grid = {"algo.repo_centering": ["raw", "exact"], "algo.zeta_max": [0.5]}
+    grid = {"algo.lever.centering": ["raw", "exact"], "algo.controller.max": ["0.5"]}
     table = run_sweep(["repo-d"], grid, seeds=1, base=base, workers=1)
-    assert [row["algo.repo_centering"] for row in table] == ["raw", "exact"]
+    assert [row["algo.lever.centering"] for row in table] == ["raw", "exact"]
     raw, exact = table
-    initial, rows = run_one("repo-d (zeta_max=0.5 repo_centering=exact)", 0, base)
+    entry = "repo-d --algo.controller.max 0.5 --algo.lever.centering exact"
+    initial, rows = run_one(entry, 0, base)
     assert exact["entropy_ratio"] == pytest.approx(rows[-1]["entropy"] / initial["entropy"])
     assert raw["entropy_ratio"] != exact["entropy_ratio"]
-    with pytest.raises(ValueError, match="repo-r, repo-d"):
-        run_sweep(["grpo"], {"algo.repo_centering": ["raw", "exact"]}, seeds=1, base=base)
+    with pytest.raises(ValueError, match="presets with a lever: repo-r, repo-d"):
+        run_sweep(["grpo"], {"algo.lever.centering": ["raw", "exact"]}, seeds=1, base=base)

@@ -49,7 +49,7 @@ def run_learner(procs: int, out: Path, engine: list[str]) -> list[dict]:
         "vowel_env:test/Vowel-v0",
         "--algo",
         "repo-r",
-        "--algo.repo-centering",
+        "--algo.lever.centering",
         "exact",  # exact entropies too: both gathered paths run
         "--model",
         resolve_model(MODEL),

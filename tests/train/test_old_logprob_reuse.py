@@ -12,7 +12,7 @@ import torch
 from lora_policy import randomise_lora_b
 
 from entrogym.agents.episode import Episode
-from entrogym.algos import UpdateBatch, get_algorithm, make_control, policy_update
+from entrogym.algos import EntropyControl, UpdateBatch, build_algorithm, policy_update
 from entrogym.algos.update import score_old_logprobs
 from entrogym.train.batch import Batch, collate_episodes
 from entrogym.train.logprobs import sequence_logprobs, sequence_logprobs_and_entropy
@@ -37,7 +37,7 @@ def _batch() -> Batch:
 
 
 def _update(model, batch: Batch, preset: str, *, reuse: bool, lr: float):
-    cfg = get_algorithm(preset, minibatch_size=4)
+    cfg = build_algorithm({"name": preset, "minibatch_size": 4})
     params = list(trainable_parameters(model))
     start = [p.detach().clone() for p in params]
     grads: list[list[torch.Tensor]] = []
@@ -64,7 +64,7 @@ def _update(model, batch: Batch, preset: str, *, reuse: bool, lr: float):
     if not reuse:  # the two-pass path: every row scored before the update
         score_old_logprobs(experience, torch.arange(len(experience)), score, 2)
     metrics = policy_update(
-        make_control(cfg),
+        EntropyControl(cfg),
         experience,
         score=score,
         backward=torch.Tensor.backward,

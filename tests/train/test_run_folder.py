@@ -84,13 +84,27 @@ def test_runs_are_recognised_by_marker_or_old_layout(tmp_path):
     assert not is_entrogym_run(old)  # a config.yaml alone could be anyone's
 
 
-def test_both_algo_forms_resolve_to_the_same_preset():
-    old = {"algo": "repo-r", "algo_overrides": {"zeta_max": 0.5}}
-    new = {"algo": {"name": "repo-r", "zeta_max": 0.5}}
-    assert resolved_algorithm(old) == resolved_algorithm(new)
-    assert config_differences(old, new) == {}
-    other = config_differences(old, {"algo": {"name": "repo-r", "zeta_max": 0.25}})
-    assert other["algo"][0] == {"zeta_max": [0.5, 0.25]}
+def test_algorithms_compare_by_what_they_resolve_to():
+    # a run folder written by an older entrogym (flat knobs, algo_overrides) reads as today's
+    older = {"algo": "repo-r", "algo_overrides": {"zeta_max": 0.5, "repo_centering": "exact"}}
+    also_older = {"algo": {"name": "repo-r", "zeta_max": 0.5, "repo_centering": "exact"}}
+    new = {"algo": {"name": "repo-r", "controller": {"max": 0.5}, "lever": {"centering": "exact"}}}
+    assert resolved_algorithm(older) == resolved_algorithm(also_older) == resolved_algorithm(new)
+    assert config_differences(older, new) == {}
+    assert config_differences({"algo": "grpo"}, {"algo": {"name": "grpo"}}) == {}
+    other = config_differences(new, {"algo": {"name": "repo-r", "controller": {"max": 0.25}}})
+    assert other["algo"][0] == {
+        "controller": [new_controller(0.5), new_controller(0.25)],
+        "lever": [{"name": "repo-r", "centering": "exact"}, {"name": "repo-r", "centering": "raw"}],
+    }
+    # a changed controller or lever is a changed algorithm: a resume refuses it
+    swapped = config_differences(new, {"algo": {**new["algo"], "controller": {"name": "pi"}}})
+    assert set(swapped["algo"][0]) == {"controller"}
+
+
+def new_controller(max_: float) -> dict:
+    return {"name": "paper", "target": 1.0, "target_unit": "ratio", "step": "iteration",
+            "init": None, "min": None, "max": max_, "factor": 2.0}  # fmt: skip
 
 
 def test_engine_may_move_but_not_change_its_sampler():

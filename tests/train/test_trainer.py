@@ -69,13 +69,19 @@ def test_every_preset_runs_two_iterations(algo, tmp_path):
     assert rows[0]["sampler_mismatch"] < 1e-3  # hf engine and trainer score the same fp32 model
     preset = ALGORITHMS[algo]
     assert rows[0]["optimizer_steps"] == preset.epochs  # 6 trajectories < any minibatch size
-    if preset.control in ("repo-r", "repo-d"):
+    if preset.lever.name in ("repo-r", "repo-d"):
         # Iteration 0 sets the target; iteration 1 uses the start value.
-        assert rows[0]["zeta"] == rows[1]["zeta"] == preset.zeta_init
-    if preset.control == "entropy-bonus":
-        assert rows[1]["beta"] == preset.zeta_init
-    if preset.control == "adapo":
+        assert rows[0]["zeta"] == rows[1]["zeta"] == 1e-3
+    if preset.lever.name == "entropy-bonus" and preset.controller.name == "paper":
+        assert rows[1]["beta"] == 1e-3
+    if preset.lever.name == "clip-high":
         assert rows[0]["eps_high"] == rows[1]["eps_high"] == 0.28
+    params = None if preset.controller is None else preset.controller.params
+    if params is None or (params.target_unit, params.step) == ("ratio", "iteration"):
+        # the paper's target: the first iteration's entropy
+        assert rows[0]["entropy_target"] == rows[0]["entropy"] and rows[0]["entropy_error"] == 0
+    else:  # TRL's: absolute, in nats
+        assert rows[0]["entropy_target"] == params.target == 0.2
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "iter-000001"
     # Adapter folders are pruned: the current version and the one before, not one per update.
     assert sorted(p.name for p in (tmp_path / "adapters").iterdir()) == ["v000001", "v000002"]
@@ -159,7 +165,7 @@ def test_constant_reward_run_completes_and_says_so(tmp_path, capsys):
 
 
 def test_bad_input_is_named(tmp_path):
-    with pytest.raises(ValueError, match="known presets"):
+    with pytest.raises(ValueError, match="unknown algorithm 'ppo'; presets: rloo"):
         train(TrainConfig(env="test/Vowel-v0", algo="ppo", out=str(tmp_path), **SMALL))
     with pytest.raises(ValueError, match="cannot make env"):
         train(TrainConfig(env="test/Nope-v0", out=str(tmp_path / "x"), **SMALL))

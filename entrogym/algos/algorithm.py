@@ -1,0 +1,134 @@
+"""An algorithm: a composition of registered parts, each with its own typed params.
+
+``AlgorithmConfig`` names an advantage estimator, a policy loss, a token mask, an entropy lever
+and the controller of the lever's coefficient, plus how many epochs and minibatches the update
+runs. The named compositions with the paper's values are the presets
+(``entrogym.algos.presets``); :func:`algorithm_mapping` writes one as the plain mapping that
+YAML files and run folders hold.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+from typing import Any
+
+from entrogym.algos.advantages import ADVANTAGES
+from entrogym.algos.controllers import CONTROLLERS, Controller
+from entrogym.algos.levers import LEVERS, Lever
+from entrogym.algos.losses import LOSSES, ClipParams
+from entrogym.algos.masks import MASKS
+from entrogym.algos.registry import Part, Registry
+
+# The parts of an algorithm, in the order they are shown, and the registry of each.
+PART_REGISTRIES: dict[str, Registry] = {
+    "advantage": ADVANTAGES,
+    "loss": LOSSES,
+    "mask": MASKS,
+    "lever": LEVERS,
+    "controller": CONTROLLERS,
+}
+# The settings of the update itself (not parts).
+UPDATE_KNOBS = ("epochs", "minibatch_size")
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    """One policy-gradient algorithm.
+
+    Attributes:
+        name: the preset it is (or derives from).
+        advantage: the advantage estimator (``rloo``: leave-one-out, ``grpo``: group mean/std).
+        loss: the policy loss (``clipped``: clip range, ratio level, aggregation).
+        mask: the token mask of the loss (``all``, or ``high-entropy``: the top-rho tokens).
+        lever: how entropy is pushed, with one coefficient (``none``, ``repo-r``, ``repo-d``,
+            ``entropy-bonus``, ``clip-high``, ``clip-cov``, ``kl-cov`` or one of yours).
+        controller: how the lever's coefficient moves toward the target (``fixed``,
+            ``paper``, ``multiplicative``, ``additive``, ``pi``); ``None`` without a lever.
+        epochs: passes over each iteration's experience (1 = strictly on-policy RLOO).
+        minibatch_size: trajectories per optimizer step; ``None`` = all experience in one step.
+            The paper uses 128 on AppWorld and 256 on AIME.
+    """
+
+    name: str
+    advantage: Part = Part("rloo")
+    loss: Part = Part("clipped", ClipParams())
+    mask: Part = Part("all")
+    lever: Part = Part("none")
+    controller: Part | None = None
+    epochs: int = 2
+    minibatch_size: int | None = 128
+
+    def __post_init__(self) -> None:
+        if isinstance(self.epochs, bool) or not isinstance(self.epochs, int) or self.epochs < 1:
+            raise ValueError(f"epochs must be an integer >= 1, got {self.epochs!r}")
+        size = self.minibatch_size
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            raise ValueError(f"minibatch_size must be an integer >= 1 or None, got {size!r}")
+        for kind, registry in PART_REGISTRIES.items():
+            part = getattr(self, kind)
+            if part is None:
+                continue
+            cls = registry.params_class(part.name)  # an unknown name lists the registered ones
+            if not isinstance(part.params, cls):
+                raise ValueError(
+                    f"{kind} {part.name!r}: params must be {cls.__name__}, got "
+                    f"{type(part.params).__name__}"
+                )
+        has_coefficient = make_lever(self).coefficient is not None
+        if self.controller is None and has_coefficient:
+            raise ValueError(f"lever {self.lever.name!r} needs a controller")
+        if self.controller is not None and not has_coefficient:
+            raise ValueError(
+                f"controller {self.controller.name!r} has nothing to control: lever "
+                f"{self.lever.name!r} has no coefficient"
+            )
+        make_controller(self)  # the controller checks its range and start value
+
+    @property
+    def parts(self) -> dict[str, Part | None]:
+        return {kind: getattr(self, kind) for kind in PART_REGISTRIES}
+
+
+def make_lever(config: AlgorithmConfig) -> Lever:
+    return LEVERS.get(config.lever.name)(config.lever.params)
+
+
+def make_controller(config: AlgorithmConfig, lever: Lever | None = None) -> Controller | None:
+    """The controller of ``config``'s lever coefficient, at its start value (None if none)."""
+    if config.controller is None:
+        return None
+    lever = lever or make_lever(config)
+    cls = CONTROLLERS.get(config.controller.name)
+    return cls(
+        config.controller.params, lever.coefficient, lever.initial_coefficient(config.loss.params)
+    )
+
+
+def part_mapping(part: Part) -> dict[str, Any]:
+    """``{"name": ..., knob: value, ...}`` of one part."""
+    return {"name": part.name, **part.knobs()}
+
+
+def algorithm_mapping(config: AlgorithmConfig) -> dict[str, Any]:
+    """The whole algorithm as a plain mapping: every part with every knob (a canonical form:
+    two configs that train the same way have equal mappings)."""
+    out: dict[str, Any] = {"name": config.name}
+    for kind, part in config.parts.items():
+        out[kind] = None if part is None else part_mapping(part)
+    out.update({k: getattr(config, k) for k in UPDATE_KNOBS})
+    return out
+
+
+def replace_part(part: Part, registry: Registry, changes: dict[str, Any]) -> Part:
+    """``part`` with some knobs changed (typed values; an unknown knob raises)."""
+    params = registry.params(part.name, {**part.knobs(), **changes})
+    return Part(part.name, params)
+
+
+def field_names(params_class: type) -> list[str]:
+    return [f.name for f in fields(params_class)]
+
+
+def with_update_knobs(config: AlgorithmConfig, **changes: Any) -> AlgorithmConfig:
+    return dataclasses.replace(config, **changes)

@@ -1,0 +1,147 @@
+"""The entropy control of one run: an algorithm's lever, controller, token mask and target.
+
+``EntropyControl`` is what ``policy_update`` consults: the lever's coefficient as the controller
+has set it, the clip range, whether the scorer must compute exact entropies, and where the
+controller is fed: ``observe`` once per iteration (the paper's step) and ``observe_step`` after
+every optimizer step (TRL's). The target is set by the first entropy the controller sees (a
+ratio of it) unless it is absolute (nats). ``state_dict`` / ``load_state_dict`` checkpoint it;
+loading refuses a state saved by another lever or controller.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from entrogym.algos.algorithm import AlgorithmConfig, make_controller, make_lever
+from entrogym.algos.masks import MASKS
+
+
+class EntropyControl:
+    """The entropy parts of ``config`` for one run (see the module doc)."""
+
+    def __init__(self, config: AlgorithmConfig) -> None:
+        self.config = config
+        self.lever = make_lever(config)
+        self.controller = make_controller(config, self.lever)
+        self.mask = MASKS.get(config.mask.name)(config.mask.params)
+        self.target: float | None = None
+        self.history: list[float] = []
+
+    # ----- what the update reads --------------------------------------------------------------
+
+    @property
+    def steps_per_optimizer_step(self) -> bool:
+        return self.controller is not None and self.controller.params.step == "optimizer"
+
+    @property
+    def needs_entropy(self) -> bool:
+        """Exact per-token entropies are needed: by the lever, the mask, or a controller fed
+        after every optimizer step (it reads the minibatch's exact entropy)."""
+        return self.lever.needs_entropy or self.mask.needs_entropy or self.steps_per_optimizer_step
+
+    @property
+    def coefficient(self) -> float | None:
+        """The lever's coefficient as applied now (None for a lever without one)."""
+        return None if self.controller is None else self.controller.applied()
+
+    def clip_range(self) -> tuple[float | None, float | None]:
+        loss = self.config.loss.params
+        return self.lever.clip_range(loss.eps_low, loss.eps_high, self.coefficient)
+
+    # ----- feedback ---------------------------------------------------------------------------
+
+    def observe(self, entropy: float) -> None:
+        """One iteration's entropy (of the policy that collected its experience): recorded, and
+        fed to a controller that steps once per iteration."""
+        self.history.append(entropy)
+        self._set_target(entropy)
+        if self.controller is not None and not self.steps_per_optimizer_step:
+            self.controller.update(entropy, self.target)
+
+    def observe_step(self, entropy: float) -> None:
+        """The entropy measured during one optimizer step, for a controller fed every step."""
+        self._set_target(entropy)
+        self.controller.update(entropy, self.target)
+
+    def _set_target(self, entropy: float) -> None:
+        if self.target is not None:
+            return
+        params = None if self.controller is None else self.controller.params
+        if params is None:
+            self.target = entropy  # no controller: the first entropy, to report the drift from it
+        elif params.target_unit == "nats":
+            self.target = params.target
+        else:
+            self.target = params.target * entropy
+
+    # ----- reporting and checkpoints ----------------------------------------------------------
+
+    def metrics(self) -> dict[str, float | None]:
+        """The clip range's upper side and the lever's coefficient under its own name."""
+        out: dict[str, float | None] = {"eps_high": self.clip_range()[1]}
+        if self.lever.coefficient is not None:
+            out[self.lever.coefficient.name] = self.coefficient
+        return out
+
+    def target_metrics(self, entropy: float | None) -> dict[str, float | None]:
+        """``entropy_target`` and ``entropy_error`` = H / target - 1 (positive above target)."""
+        if self.target is None or entropy is None:
+            return {"entropy_target": self.target, "entropy_error": None}
+        return {"entropy_target": self.target, "entropy_error": entropy / self.target - 1.0}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "lever": self.config.lever.name,
+            "controller": None if self.controller is None else self.config.controller.name,
+            "target": self.target,
+            "history": list(self.history),
+            "controller_state": None if self.controller is None else self.controller.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load ``state_dict()`` (or the format of entrogym's entropy controls before levers and
+        controllers: ``{"control"?, "target", "history", "zeta", "eps_high"}``)."""
+        mine = self.state_dict()
+        state = _upgrade(state, mine["lever"])
+        for key in ("lever", "controller"):
+            if state[key] != mine[key]:
+                raise ValueError(
+                    f"control state: the checkpoint holds {key} {state[key]!r}, this algorithm "
+                    f"uses {mine[key]!r}; resume with the algorithm the run was started with"
+                )
+        self.target, self.history = state["target"], list(state["history"])
+        if self.controller is not None and state["controller_state"] is not None:
+            self.controller.load_state_dict(state["controller_state"])
+
+
+# The entropy controls before levers and controllers: control name -> (lever, controller, key
+# of its state, key of the coefficient inside that state).
+_LEGACY = {
+    "none": ("none", None, None, None),
+    "repo-r": ("repo-r", "paper", "zeta", "zeta"),
+    "repo-d": ("repo-d", "paper", "zeta", "zeta"),
+    "entropy-bonus": ("entropy-bonus", "paper", "zeta", "zeta"),
+    "adapo": ("clip-high", "multiplicative", "eps_high", "eps_high"),
+}
+
+
+def _upgrade(state: dict[str, Any], lever_in_use: str) -> dict[str, Any]:
+    if "lever" in state:
+        return state
+    control = state.get("control")
+    if control is None:  # the oldest format names no control: infer it from what it holds
+        control = "adapo" if state.get("eps_high") else "repo-r" if state.get("zeta") else "none"
+    if control not in _LEGACY:
+        raise ValueError(f"control state: unknown entropy control {control!r} in the checkpoint")
+    lever, controller, key, value_key = _LEGACY[control]
+    saved = state.get(key) if key else None
+    zeta_levers = ("repo-r", "repo-d", "entropy-bonus")
+    if state.get("control") is None and control == "repo-r" and lever_in_use in zeta_levers:
+        lever = lever_in_use  # zeta alone does not tell REPO-R, REPO-D and the bonus apart
+    return {
+        "lever": lever,
+        "controller": controller,
+        "target": state["target"],
+        "history": state["history"],
+        "controller_state": None if saved is None else {"value": saved[value_key]},
+    }

@@ -1,0 +1,326 @@
+"""Entropy levers: how an algorithm pushes the policy's entropy, through one coefficient.
+
+A lever is one small class, registered by name in ``LEVERS`` with a typed ``Params``
+dataclass. Its ``coefficient`` names its one coefficient (the paper's name: ``zeta``,
+``beta``, ``eps_high``, ``kl_coef``, ...) and the coefficient's natural range, which a
+controller (``entrogym.algos.controllers``) moves toward the target entropy. A larger
+coefficient always means more entropy. A lever may act in four places, each optional:
+
+* ``shape_advantages``: per-token advantages (REPO-R, REPO-D);
+* ``clip_range``: the policy loss's clip range (ADAPO's upper clip);
+* ``adjust_objective``: the per-token objective before aggregation (Clip-Cov, KL-Cov);
+* ``extra_loss``: a term added to the loss (the entropy bonus).
+
+Adding one is a class plus a decorator line; ``examples/custom_entropy_control.py`` writes one
+and trains with it through ``entrogym train --algo.lever module:name``::
+
+    @register_lever("my-bonus")
+    class MyBonus(Lever):
+        coefficient = Coefficient("beta", init=0.01, min=1e-3, max=1.0)
+
+        def extra_loss(self, logprobs, entropies, mask, coef):
+            return coef * (logprobs.detach() * logprobs * mask).sum() / mask.sum()
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import torch
+
+from entrogym.algos.entropy import (
+    centred_logprobs,
+    clip_cov_tokens,
+    entropy_bonus_loss,
+    kl_cov_penalty,
+    kl_cov_tokens,
+    repo_d,
+    repo_r,
+    token_covariance,
+)
+from entrogym.algos.losses import ClipParams, TokenObjective
+from entrogym.algos.registry import NoParams, Registry
+
+
+@dataclass(frozen=True)
+class Coefficient:
+    """A lever's one coefficient: its name in metrics rows and its natural range.
+
+    ``init`` is where it starts; ``max`` its largest magnitude. ``min`` is a lower bound for a
+    coefficient that cannot be negative (``signed=False``), and for a signed one the smallest
+    magnitude the paper's controller keeps before it flips the sign. Controllers take these as
+    defaults of their own ``init``, ``min`` and ``max`` knobs.
+    """
+
+    name: str
+    init: float
+    min: float
+    max: float
+    signed: bool = True
+
+
+@dataclass
+class LeverInputs:
+    """What a lever may read when it adjusts the per-token objective (one micro-batch)."""
+
+    logprobs: torch.Tensor  # [b, w], with gradients
+    old_logprobs: torch.Tensor  # [b, w]
+    generator: torch.Generator | None
+
+
+class Lever:
+    """The lever of an algorithm that pushes nothing (``none``); the base of every lever."""
+
+    name: ClassVar[str] = ""
+    Params: ClassVar[type] = NoParams
+    coefficient: ClassVar[Coefficient | None] = None  # None: no coefficient, no controller
+    # The controller a preset without a lever gets with this lever; None: ``paper`` for a
+    # coefficient that may be negative, ``fixed`` for one that may not.
+    default_controller: ClassVar[str | None] = None
+
+    @classmethod
+    def controller_by_default(cls) -> str:
+        if cls.default_controller is not None:
+            return cls.default_controller
+        return "paper" if cls.coefficient is None or cls.coefficient.signed else "fixed"
+
+    def __init__(self, params: Any) -> None:
+        self.params = params
+
+    @property
+    def needs_entropy(self) -> bool:
+        """Whether the scorer must return exact per-token entropies."""
+        return False
+
+    def initial_coefficient(self, loss: ClipParams) -> float:
+        """Where the coefficient starts when the controller sets no ``init``."""
+        return self.coefficient.init if self.coefficient is not None else 0.0
+
+    def shape_advantages(
+        self,
+        advantages: torch.Tensor,
+        logprobs: torch.Tensor,
+        entropies: torch.Tensor | None,
+        coef: float | None,
+    ) -> torch.Tensor:
+        """Advantages ``[b]`` or ``[b, T]`` for the loss; ``logprobs`` are the current scores."""
+        return advantages
+
+    def clip_range(
+        self, eps_low: float | None, eps_high: float | None, coef: float | None
+    ) -> tuple[float | None, float | None]:
+        """The clip range ``(eps_low, eps_high)`` the loss uses."""
+        return eps_low, eps_high
+
+    def adjust_objective(
+        self, terms: TokenObjective, inputs: LeverInputs, coef: float | None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The per-token objective to aggregate, and metrics (e.g. the share of tokens touched)."""
+        return terms.objective, {}
+
+    def extra_loss(
+        self,
+        logprobs: torch.Tensor,
+        entropies: torch.Tensor | None,
+        mask: torch.Tensor,
+        coef: float | None,
+    ) -> torch.Tensor | None:
+        """A term added to the micro-batch's loss (``None``: nothing to add)."""
+        return None
+
+
+LEVERS: Registry = Registry("lever", base=Lever)
+register_lever = LEVERS.register
+register_lever("none")(Lever)
+
+
+@dataclass(frozen=True)
+class RepoParams:
+    """Knobs of REPO's levers.
+
+    Args:
+        centering: the shaping log-prob: ``raw`` log pi (the paper's implementation) or
+            ``exact`` log pi + H(s) with the exact per-token entropy (Sec. 5), which makes the
+            scorer compute entropies.
+    """
+
+    centering: Literal["raw", "exact"] = "raw"
+
+    def __post_init__(self) -> None:
+        if self.centering not in ("raw", "exact"):
+            raise ValueError(f"algo.lever.centering must be raw or exact, got {self.centering!r}")
+
+
+class RepoLever(Lever):
+    """REPO's per-token shaping with raw log pi or, with ``centering: exact``, log pi + H(s)."""
+
+    Params = RepoParams
+    # The per-token formula (entrogym.algos.entropy.repo_r or repo_d): (A, logp, zeta) -> A'.
+    formula: ClassVar[Any]
+
+    @property
+    def needs_entropy(self) -> bool:
+        # Only the exact form needs H(s); raw REPO keeps the scorer's cheap path.
+        return self.params.centering == "exact"
+
+    def shape_advantages(
+        self,
+        advantages: torch.Tensor,
+        logprobs: torch.Tensor,
+        entropies: torch.Tensor | None,
+        coef: float | None,
+    ) -> torch.Tensor:
+        if not self.needs_entropy:
+            shaping = logprobs.detach()
+        elif entropies is None:
+            raise ValueError(
+                "lever.centering='exact' needs the scorer's exact per-token entropies; the "
+                "score function must return them when asked (need_entropy=True)"
+            )
+        else:
+            shaping = centred_logprobs(logprobs, entropies)
+        return type(self).formula(advantages, shaping, coef)
+
+
+@register_lever("repo-r")
+class RepoR(RepoLever):
+    """REPO-R: multiplicative per-token reshaping of the advantages (appendix "REPO-R")."""
+
+    coefficient = Coefficient("zeta", init=1e-3, min=1e-4, max=0.05)
+    formula = staticmethod(repo_r)
+
+
+@register_lever("repo-d")
+class RepoD(RepoLever):
+    """REPO-D: A - zeta * logp per token (Sec. 5)."""
+
+    coefficient = Coefficient("zeta", init=1e-3, min=1e-3, max=10.0)
+    formula = staticmethod(repo_d)
+
+
+@register_lever("entropy-bonus")
+class EntropyBonus(Lever):
+    """J + beta * H with exact token entropies (Sec. 5, opening). beta takes REPO-D's range:
+    the appendix shows REPO-D equals an entropy bonus with that coefficient."""
+
+    coefficient = Coefficient("beta", init=1e-3, min=1e-3, max=10.0)
+
+    @property
+    def needs_entropy(self) -> bool:
+        return True
+
+    def extra_loss(
+        self,
+        logprobs: torch.Tensor,
+        entropies: torch.Tensor | None,
+        mask: torch.Tensor,
+        coef: float | None,
+    ) -> torch.Tensor:
+        if entropies is None:
+            raise ValueError("the entropy-bonus lever needs score() to return entropies")
+        return entropy_bonus_loss(entropies, mask, coef)
+
+
+@register_lever("clip-high")
+class ClipHigh(Lever):
+    """ADAPO's lever: the loss's upper clip eps_high (Sec. 5, "ADAPO"); a wider upper clip lets
+    rare tokens with positive advantage gain more, which raises entropy. It starts at the
+    loss's ``eps_high``; the paper moves it within [0.2, 0.32]."""
+
+    coefficient = Coefficient("eps_high", init=0.28, min=0.2, max=0.32, signed=False)
+    default_controller = "multiplicative"
+
+    def initial_coefficient(self, loss: ClipParams) -> float:
+        if loss.eps_high is None:
+            raise ValueError(
+                "lever clip-high steers the upper clip, so loss.eps_high cannot be None"
+            )
+        return loss.eps_high
+
+    def clip_range(
+        self, eps_low: float | None, eps_high: float | None, coef: float | None
+    ) -> tuple[float | None, float | None]:
+        return eps_low, coef
+
+
+@dataclass(frozen=True)
+class ClipCovParams:
+    """Knobs of Clip-Cov (verl's ``policy_loss.clip_cov_*`` and defaults).
+
+    Args:
+        lb: lower bound of the covariance band a token must fall in.
+        ub: upper bound of that band.
+    """
+
+    lb: float = 1.0
+    ub: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not self.lb < self.ub:
+            raise ValueError(f"algo.lever.lb must be < algo.lever.ub, got {self.lb} and {self.ub}")
+
+
+@register_lever("clip-cov")
+class ClipCov(Lever):
+    """Clip-Cov (Cui et al. 2025; verl ``compute_policy_loss_clip_cov``): detach the gradient of
+    a random ``clip_cov_ratio`` share of the action tokens whose advantage-log-prob covariance
+    lies in (lb, ub) and that the PPO clip has not clipped. The coefficient is that share
+    (verl's default 2e-4); 0 turns the lever off."""
+
+    Params = ClipCovParams
+    coefficient = Coefficient("clip_cov_ratio", init=2e-4, min=0.0, max=1.0, signed=False)
+    default_controller = "fixed"
+
+    def adjust_objective(
+        self, terms: TokenObjective, inputs: LeverInputs, coef: float | None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        cov = token_covariance(terms.advantages, inputs.logprobs, terms.mask)
+        chosen = clip_cov_tokens(
+            cov, terms.mask, terms.clipped, coef or 0.0, self.params.lb, self.params.ub,
+            inputs.generator,
+        )  # fmt: skip
+        corr = (~chosen).to(terms.objective.dtype)  # verl's `corr`: 0 on the chosen tokens
+        return terms.objective * corr, {"clip_cov_share": _share(chosen, terms.mask)}
+
+
+@dataclass(frozen=True)
+class KlCovParams:
+    """Knobs of KL-Cov (verl's ``policy_loss.kl_cov_ratio`` and default).
+
+    Args:
+        kl_cov_ratio: share of the action tokens, those with the largest covariance, that get
+            the KL penalty.
+    """
+
+    kl_cov_ratio: float = 2e-4
+
+    def __post_init__(self) -> None:
+        if not 0 < self.kl_cov_ratio <= 1:
+            raise ValueError(f"algo.lever.kl_cov_ratio must be in (0, 1], got {self.kl_cov_ratio}")
+
+
+@register_lever("kl-cov")
+class KlCov(Lever):
+    """KL-Cov (Cui et al. 2025; verl ``compute_policy_loss_kl_cov``): subtract kl_coef * |log pi
+    - log pi_old| from the objective of the ``kl_cov_ratio`` share of action tokens with the
+    largest covariance. The coefficient is kl_coef (verl's ``ppo_kl_coef``, default 1); 0 turns
+    the lever off. verl applies no PPO clip in this mode: the ``kl-cov`` preset sets none."""
+
+    Params = KlCovParams
+    coefficient = Coefficient("kl_coef", init=1.0, min=0.0, max=10.0, signed=False)
+    default_controller = "fixed"
+
+    def adjust_objective(
+        self, terms: TokenObjective, inputs: LeverInputs, coef: float | None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        if not coef:
+            return terms.objective, {"kl_cov_share": 0.0}
+        cov = token_covariance(terms.advantages, inputs.logprobs, terms.mask)
+        chosen = kl_cov_tokens(cov, terms.mask, self.params.kl_cov_ratio)
+        penalty = kl_cov_penalty(inputs.logprobs, inputs.old_logprobs, chosen, coef)
+        return terms.objective - penalty, {"kl_cov_share": _share(chosen, terms.mask)}
+
+
+def _share(chosen: torch.Tensor, mask: torch.Tensor) -> float:
+    return float(chosen.sum() / (mask > 0).sum().clamp_min(1))
