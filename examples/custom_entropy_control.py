@@ -98,7 +98,10 @@ def main() -> int:
     args = parser.parse_args()
     # `module:name` is imported by the command: make this file's folder importable there.
     here = str(Path(__file__).resolve().parent)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])),
+    }
     return subprocess.call(train_command(Path(args.out), args.model, args.iterations), env=env)
 
 

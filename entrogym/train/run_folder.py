@@ -21,7 +21,6 @@ What a run folder guarantees (``docs/runs.md``, "Run folder safety"):
 
 from __future__ import annotations
 
-import dataclasses
 import fcntl
 import json
 import os
