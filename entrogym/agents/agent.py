@@ -14,6 +14,7 @@ A conversation is built as ids, never as text to re-tokenize:
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -131,6 +132,16 @@ class LLMAgent:
         from entrogym.models import resolve_model
 
         return cls(AutoTokenizer.from_pretrained(resolve_model(model)), **kwargs)
+
+    def with_turn_budget_rule(self, on_turn_budget: str) -> LLMAgent:
+        """A copy of this agent (same tokenizer and template) with another turn-budget rule."""
+        if on_turn_budget not in ON_TURN_BUDGET:
+            raise ValueError(
+                f"on_turn_budget must be one of {ON_TURN_BUDGET}, got {on_turn_budget!r}"
+            )
+        agent = copy.copy(self)
+        agent.on_turn_budget = on_turn_budget
+        return agent
 
     # ----- template pieces ------------------------------------------------------------------
 

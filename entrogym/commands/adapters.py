@@ -35,6 +35,33 @@ def _same_model(base: str, model: str, model_path: str | None) -> bool | None:
     return None
 
 
+def check_adapter_weights(folder: Path) -> None:
+    """The adapter's weights file reads as safetensors and every value is finite; otherwise a
+    ValueError naming the file and what to do (an engine would fail on it deep in a traceback,
+    or sample from NaN logits)."""
+    import torch
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    weights = folder / "adapter_model.safetensors"
+    if not weights.is_file():
+        raise ValueError(f"adapter {str(folder)!r} has no adapter_model.safetensors")
+    try:
+        tensors = load_file(str(weights))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise ValueError(
+            f"adapter file {str(weights)!r} is not a safetensors file ({exc}): it is damaged; "
+            "evaluate another checkpoint's adapter (RUN/checkpoints/*/adapter)"
+        ) from exc
+    bad = [name for name, t in tensors.items() if not bool(torch.isfinite(t).all())]
+    if bad:
+        raise ValueError(
+            f"adapter file {str(weights)!r} holds weights that are not finite (NaN or inf in "
+            f"{len(bad)} of {len(tensors)} tensors, e.g. {bad[0]}): the run that wrote it "
+            "diverged; evaluate an earlier checkpoint's adapter (RUN/checkpoints/*/adapter)"
+        )
+
+
 def check_adapter_base(adapter: str, model: str, model_path: str | None) -> str:
     """The adapter folder, checked to fit ``model`` (``model_path``: its resolved folder, None
     for a served model): ``adapter_config.json``'s base model must be that model, and its LoRA
@@ -56,4 +83,5 @@ def check_adapter_base(adapter: str, model: str, model_path: str | None) -> str:
             f"adapter {adapter!r} was trained on base model {base!r}, not {model!r}; "
             "evaluate it with the model it was trained on"
         )
+    check_adapter_weights(folder)
     return check_adapter(folder, model_path) if model_path else str(folder.resolve())

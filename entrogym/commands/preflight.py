@@ -101,6 +101,16 @@ def check_writable_dir(path: str | os.PathLike, option: str) -> None:
     os.rmdir(probe)
 
 
+def check_trackers(report_to: str) -> None:
+    """Every tracker of ``--report-to`` is installed (its extra is named otherwise)."""
+    from entrogym.extras import require
+    from entrogym.train.trackers import parse_report_to
+
+    for name in parse_report_to(report_to):
+        if name != "tensorboard":
+            require(name)
+
+
 def check_cache() -> None:
     """The model cache (``$ENTROGYM_CACHE``) can be written: built-in models are prepared and
     locked there."""
@@ -121,5 +131,6 @@ def check_run_inputs(config: Any) -> None:
         check_env_builds(config.eval_env, config.eval_env_kwargs, "eval_env")
     check_model(config.model, served=bool(config.engine_urls))
     check_writable_dir(config.out, "out")
+    check_trackers(config.report_to)
     if config.model in BUILTIN_MODELS and not config.engine_urls:
         check_cache()

@@ -90,6 +90,11 @@ def usable_episodes(episodes: list[Episode]) -> list[Episode]:
     return [e for e in with_actions if sizes[e.group_id] >= 2]
 
 
+def is_success(episode: Episode) -> bool:
+    """Whether ``episode`` solved its task: ``info["success"]``, else a reward >= 1."""
+    return bool(episode.info.get("success", episode.reward >= 1.0))
+
+
 def success_rate(episodes: list[Episode]) -> float:
-    """Share of episodes that solved their task (``info["success"]``, else reward >= 1)."""
-    return sum(bool(e.info.get("success", e.reward >= 1.0)) for e in episodes) / len(episodes)
+    """Share of episodes that solved their task (:func:`is_success`)."""
+    return sum(is_success(e) for e in episodes) / len(episodes)

@@ -19,6 +19,7 @@ from entrogym.agents.config import AgentConfig
 from entrogym.algos import AlgorithmConfig
 from entrogym.dtypes import DTypeName
 from entrogym.train.algo_spec import resolve_algorithm, typed_spec
+from entrogym.train.trackers import NO_TRACKER, parse_report_to
 
 
 @dataclass
@@ -68,6 +69,9 @@ class TrainConfig(AgentConfig):
         eval_tasks: first N tasks of the eval split (None = all).
         eval_samples: samples per eval task (pass@1 and pass@k with k = eval_samples).
         out: run folder (metrics.jsonl, tb/, checkpoints/, plots).
+        report_to: trackers that get every metrics row besides metrics.jsonl, comma-separated:
+            tensorboard (RUN/tb), wandb (offline without WANDB_API_KEY), trackio, mlflow
+            (RUN/mlflow.db), or none; each but tensorboard is an install extra.
         checkpoint_every: iterations between checkpoints (and always at the end).
         resume: continue the run in ``out`` from its latest complete checkpoint.
         init_adapter: start from this adapter / checkpoint / run folder (sequential training).
@@ -105,6 +109,7 @@ class TrainConfig(AgentConfig):
     eval_tasks: int | None = None
     eval_samples: int = 1
     out: str = "runs/train"
+    report_to: str = "tensorboard"
     checkpoint_every: int = 5
     resume: bool = False
     init_adapter: str | None = None
@@ -115,6 +120,7 @@ class TrainConfig(AgentConfig):
         super().__post_init__()
         # an unknown preset, part or knob fails here, before anything loads
         self.algo = typed_spec(self.algo)
+        self.report_to = ",".join(parse_report_to(self.report_to)) or NO_TRACKER
         positive = (
             "iterations",
             "tasks_per_iter",

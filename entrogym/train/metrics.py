@@ -113,7 +113,8 @@ def strict_json_row(row: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
 
 
 class MetricsLogger:
-    """Append rows to ``RUN/metrics.jsonl`` and the same numeric scalars to ``RUN/tb/``.
+    """Append rows to ``RUN/metrics.jsonl`` and the same numeric scalars to ``RUN/tb/`` and to
+    the run's other trackers (``trackers``: :class:`entrogym.train.trackers.Trackers`).
 
     ``resume_rows=N`` keeps only the first N complete rows (the metrics offset saved in the
     checkpoint being resumed); TensorBoard events from the dropped steps on are purged.
@@ -125,6 +126,7 @@ class MetricsLogger:
         *,
         resume_rows: int | None = None,
         tensorboard: bool = True,
+        trackers: Any = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -135,6 +137,7 @@ class MetricsLogger:
         self.rows = len(kept)
         self.nonfinite: dict[str, int] = {}  # field -> rows where it was NaN/inf (written null)
         self._fh = open(self.path, "ab")  # noqa: SIM115 (held open for the run)
+        self._trackers = trackers  # entrogym.train.trackers.Trackers: the other --report-to
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -192,11 +195,14 @@ class MetricsLogger:
         self._fh.flush()
         os.fsync(self._fh.fileno())
         self.rows += 1
+        prefix = "eval/" if row["kind"] == "eval" else ""
+        scalars = {prefix + tag: value for tag, value in _numeric_items(row)}
         if self._tb is not None:
-            prefix = "eval/" if row["kind"] == "eval" else ""
-            for tag, value in _numeric_items(row):
-                self._tb.add_scalar(prefix + tag, value, global_step=int(step))
+            for tag, value in scalars.items():
+                self._tb.add_scalar(tag, value, global_step=int(step))
             self._tb.flush()
+        if self._trackers is not None:
+            self._trackers.log(scalars, int(step))
 
     def _strict(self, row: dict[str, Any]) -> dict[str, Any]:
         """Non-finite values become null (strict JSON), counted in the row and warned about
@@ -221,6 +227,9 @@ class MetricsLogger:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+        if self._trackers is not None:
+            self._trackers.close()
+            self._trackers = None
 
     def __enter__(self) -> MetricsLogger:
         return self

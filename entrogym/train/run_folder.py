@@ -73,6 +73,7 @@ RESUMABLE_FIELDS = frozenset(
         "max_bad_steps",
         "max_env_error_fraction",
         "micro_batch_size",
+        "report_to",
     }
 )
 # Compared through the resolved preset (both config forms), not as raw values; ``resume`` is

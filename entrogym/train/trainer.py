@@ -38,7 +38,7 @@ from entrogym.train.checkpoint import (
     set_rng_state,
 )
 from entrogym.train.config import TrainConfig
-from entrogym.train.evaluation import evaluate_policy
+from entrogym.train.evaluation import EvalPlan, plan_evaluation, run_evaluation
 from entrogym.train.logprobs import sequence_logprobs, sequence_logprobs_and_entropy
 from entrogym.train.metrics import MetricsLogger, progress, summary_line
 from entrogym.train.mismatch import sampler_entropy_gap, sampler_mismatch
@@ -53,6 +53,7 @@ from entrogym.train.run_folder import (
     prune_adapters,
 )
 from entrogym.train.state import TrainState
+from entrogym.train.trackers import Trackers, parse_report_to
 
 
 class TrainingStopped(RuntimeError):
@@ -82,6 +83,7 @@ class Trainer:
         self.phases = PhaseClock(hooks)
         self.algo = cfg.algorithm()  # a bad preset is a config error: before the folder
         self.tasks = self._task_ids()  # so is a split smaller than tasks_per_iter
+        self.eval_plan = self._plan_evaluation()  # and a bad eval split or eval env
         resume_from = self._open_run_folder()
         try:
             self._setup(resume_from)
@@ -117,11 +119,18 @@ class Trainer:
         if resume_from is not None:
             self._restore_training_state(resume_from)
         if self.ranks.main:
-            self.logger = MetricsLogger(self.run_dir, resume_rows=resume_rows)
+            self.logger = self._metrics_logger(resume_rows, resumed=resume_from is not None)
             event = "start" if resume_from is None else "resume"
             self.folder.record(event, self.cfg.to_dict(), from_iteration=self.state.start)
 
     # ----- setup ----------------------------------------------------------------------------
+
+    def _metrics_logger(self, resume_rows: int | None, resumed: bool) -> MetricsLogger:
+        """metrics.jsonl, TensorBoard and the other trackers of ``--report-to``."""
+        names = parse_report_to(self.cfg.report_to)
+        trackers = Trackers(names, self.run_dir, self.cfg.to_dict(), resume=resumed)
+        return MetricsLogger(self.run_dir, resume_rows=resume_rows,
+                             tensorboard="tensorboard" in names, trackers=trackers)  # fmt: skip
 
     def _open_run_folder(self) -> Path | None:
         """Rank 0: check ``--out`` (a run of this experiment, or new), take its lock, and find
@@ -163,6 +172,15 @@ class Trainer:
                 f"so pass --tasks-per-iter {len(tasks)} or less (or more --samples per task)"
             )
         return tasks
+
+    def _plan_evaluation(self) -> EvalPlan | None:
+        cfg = self.cfg
+        if not (cfg.eval_env and cfg.eval_every):
+            return None
+        # the eval env's own turn-budget rule if it declares one, else the run's
+        return plan_evaluation(cfg.eval_env, cfg.eval_env_kwargs, split=cfg.eval_split,
+                               max_tasks=cfg.eval_tasks, samples=cfg.eval_samples,
+                               default_rule=cfg.on_turn_budget)  # fmt: skip
 
     def _build_optimizer(self) -> None:
         if self.ranks.distributed:
@@ -269,8 +287,10 @@ class Trainer:
             ):
                 eval_row = self.evaluate(it)
                 self._log(eval_row, it)
-                improved = eval_row["pass@1"] > self.state.best
-                self.state.best = max(self.state.best, eval_row["pass@1"])
+                # an eval with env errors measured the env too: it never marks the best
+                score = eval_row["pass@1"] if eval_row["env_errors"] == 0 else None
+                improved = score is not None and score > self.state.best
+                self.state.best = max(self.state.best, score) if improved else self.state.best
             if (it + 1) % cfg.checkpoint_every == 0 or it == cfg.iterations - 1 or improved:
                 self.checkpoint(it, best=improved)
             if self.state.bad_steps > cfg.max_bad_steps:
@@ -469,18 +489,10 @@ class Trainer:
         cfg = self.cfg
 
         def run() -> dict[str, Any]:
-            result = evaluate_policy(
-                self.engine,
-                self.agent,
-                cfg.eval_env,
-                split=cfg.eval_split,
-                samples=cfg.eval_samples,
-                max_tasks=cfg.eval_tasks,
-                adapter=str(self.adapter),
-                temperature=cfg.temperature,
-                seed=cfg.seed,
-                env_kwargs=cfg.eval_env_kwargs,
-            )
+            plan = self.eval_plan or self._plan_evaluation()
+            result = run_evaluation(self.engine, self.agent, plan, samples=cfg.eval_samples,
+                                    adapter=str(self.adapter), temperature=cfg.temperature,
+                                    seed=cfg.seed)  # fmt: skip
             return {"kind": "eval", "iteration": it, "env": cfg.eval_env, **result.summary}
 
         return distributed.on_main(run, self.ranks)

@@ -8,6 +8,7 @@ sampled are the ids the trainer scores.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -118,6 +119,12 @@ class Engine(ABC):
         """Raise :class:`EngineDied` when the engine process is gone (not for bad input)."""
 
     # ----- the public API ----------------------------------------------------------------------
+
+    def seeded(self, seed: int) -> contextlib.AbstractContextManager[None]:
+        """A scope whose sampling is reproducible from ``seed`` whatever was sampled before
+        (evaluation runs in one). The default changes nothing: the vLLM engines draw from
+        their own stream, seeded once when they start."""
+        return contextlib.nullcontext()
 
     def generate(
         self,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -101,6 +102,15 @@ class HFEngine(Engine):
         self._gen_config = GenerationConfig(pad_token_id=self._pad, bos_token_id=None)
         self._model.generation_config = copy.deepcopy(self._gen_config)
         self._adapters.clear()
+
+    @contextlib.contextmanager
+    def seeded(self, seed: int) -> Iterator[None]:
+        """Sampling from torch's generator seeded with ``seed``; the global one is restored
+        after, so a trainer's own random stream is not moved by an evaluation."""
+        devices = [self.device.index or 0] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            yield
 
     def _shutdown(self) -> None:
         self._model = None
