@@ -45,6 +45,46 @@ class BuiltinModel:
     build: Callable[[Path, Path], None]
 
 
+# The paper's LoRA targets (appendix "Training"): attention q, k, v, o and the MLP.
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# config.json keys that hold a model's context length, by architecture family
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "n_ctx")
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    """What a model's own config says about its sequences: the context length (None when the
+    config names none), the ids that end generation, and the padding id."""
+
+    context: int | None
+    eos_token_ids: tuple[int, ...]
+    pad_token_id: int | None
+
+
+def _ids(value: object) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    return tuple(int(v) for v in value) if isinstance(value, list | tuple) else (int(value),)
+
+
+def model_limits(folder: str | os.PathLike) -> ModelLimits:
+    """The limits of the Hugging Face model in ``folder``, from its ``config.json`` (the text
+    config of a multimodal one) and ``generation_config.json``: the generation config's EOS and
+    pad ids win, as they do in ``generate``; the pad id falls back to the first EOS id."""
+    folder = Path(folder)
+    config = json.loads((folder / "config.json").read_text())
+    config = config.get("text_config") or config
+    generation: dict = {}
+    if (folder / "generation_config.json").is_file():
+        generation = json.loads((folder / "generation_config.json").read_text())
+    context = next((int(config[k]) for k in _CONTEXT_KEYS if config.get(k)), None)
+    eos = _ids(generation.get("eos_token_id")) or _ids(config.get("eos_token_id"))
+    pad = generation.get("pad_token_id", config.get("pad_token_id"))
+    if isinstance(pad, list):
+        pad = pad[0] if pad else None
+    return ModelLimits(context, eos, int(pad) if pad is not None else (eos[0] if eos else None))
+
+
 def default_cache_dir() -> Path:
     return Path(os.environ.get("ENTROGYM_CACHE") or Path.home() / ".cache" / "entrogym")
 

@@ -21,6 +21,16 @@ from typing import Any
 
 from entrogym.agents.engines.base import Completion
 
+
+def no_chat_template_message(tokenizer_name: str) -> str:
+    """The one line that says a tokenizer has no chat template and how to give one."""
+    return (
+        f"the tokenizer of {tokenizer_name!r} has no chat template; pass one with "
+        "--chat-template FILE (a Jinja file; examples/chat_templates/plain.jinja fits any "
+        "tokenizer with an EOS token)"
+    )
+
+
 # Placeholder turns of the reference conversation from which template pieces are cut.
 _REF_USER, _REF_ASSISTANT = "Hello.", "Hi."
 ON_TURN_BUDGET = ("truncate", "step")
@@ -74,6 +84,8 @@ class LLMAgent:
         eot_token: the template's end-of-turn token; None = the last special token of a
             rendered assistant turn (``<|im_end|>`` for SmolLM2 and Qwen3).
         chat_template_kwargs: extra template variables (e.g. ``enable_thinking``).
+        stop_token_ids: more ids that end a turn (:meth:`from_model` adds the model's EOS ids
+            from its config, e.g. Qwen3's two).
     """
 
     def __init__(
@@ -88,6 +100,7 @@ class LLMAgent:
         on_turn_budget: str = "truncate",
         eot_token: str | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        stop_token_ids: tuple[int, ...] = (),
     ) -> None:
         if max_turn_tokens < 1 or max_context < 2:
             raise ValueError(
@@ -114,24 +127,25 @@ class LLMAgent:
         self.chat_template = chat_template
         if chat_template is None and not getattr(tokenizer, "chat_template", None):
             name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
-            raise ValueError(
-                f"tokenizer {name!r} has no chat template; pass chat_template= (a Jinja string "
-                "or a path to a .jinja file) to LLMAgent (--agent.chat_template on the CLI)"
-            )
+            raise ValueError(no_chat_template_message(name))
         self.eot_ids = self._end_of_turn_ids(eot_token)
         eos = getattr(tokenizer, "eos_token_id", None)
         self.stop_token_ids = tuple(
-            dict.fromkeys([self.eot_ids[0], *([eos] if eos is not None else [])])
+            dict.fromkeys([self.eot_ids[0], *([eos] if eos is not None else []), *stop_token_ids])
         )
 
     @classmethod
     def from_model(cls, model: str, **kwargs: Any) -> LLMAgent:
-        """An agent with the tokenizer of ``model`` (built-in name, folder or hub id)."""
+        """An agent with the tokenizer of ``model`` (built-in name, folder or hub id); a turn
+        also ends at the EOS ids of the model's generation config."""
         from transformers import AutoTokenizer
 
-        from entrogym.models import resolve_model
+        from entrogym.models import model_limits, resolve_model
 
-        return cls(AutoTokenizer.from_pretrained(resolve_model(model)), **kwargs)
+        path = resolve_model(model)
+        if Path(path).is_dir() and "stop_token_ids" not in kwargs:
+            kwargs["stop_token_ids"] = model_limits(path).eos_token_ids
+        return cls(AutoTokenizer.from_pretrained(path), **kwargs)
 
     def with_turn_budget_rule(self, on_turn_budget: str) -> LLMAgent:
         """A copy of this agent (same tokenizer and template) with another turn-budget rule."""

@@ -7,6 +7,7 @@ spells these options the same way (``--engine hf --engine-dtype fp32 --engine-ur
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from entrogym.agents.engines import ENGINE_KINDS, EngineKind, resolve_engine_kind
@@ -39,6 +40,8 @@ class AgentConfig:
             as a failure (the paper's rule), ``step`` hands the cut text to the env and goes on.
         temperature: sampling temperature of rollouts.
         system_prompt: system message for the agent (None = the env's / template's default).
+        chat_template: a Jinja chat template file for a tokenizer without one, or to replace
+            the model's (None = the tokenizer's own).
     """
 
     model: str = "smollm2-135m-instruct"
@@ -53,6 +56,7 @@ class AgentConfig:
     on_turn_budget: Literal["truncate", "step"] = "truncate"
     temperature: float = 1.0
     system_prompt: str | None = None
+    chat_template: str | None = None
 
     def __post_init__(self) -> None:
         self.check_agent()
@@ -93,6 +97,10 @@ class AgentConfig:
             )
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.chat_template is not None and not Path(self.chat_template).is_file():
+            raise ValueError(
+                f"chat_template {self.chat_template!r} is not a file; pass a Jinja template file"
+            )
 
     def engine_kwargs(
         self,
@@ -132,4 +140,5 @@ class AgentConfig:
             "max_turn_tokens": self.max_response_tokens,
             "max_context": self.max_context_tokens,
             "on_turn_budget": self.on_turn_budget,
+            "chat_template": self.chat_template,
         }

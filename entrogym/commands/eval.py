@@ -19,7 +19,13 @@ from entrogym.agents.config import AgentConfig
 from entrogym.atomic import atomic_write_text
 from entrogym.commands.adapters import check_adapter_base
 from entrogym.commands.options import make_parser, parse_options, run_command
-from entrogym.commands.preflight import check_cache, check_env_id, check_model, check_writable_dir
+from entrogym.commands.preflight import (
+    check_cache,
+    check_env_id,
+    check_model,
+    check_model_fits,
+    check_writable_dir,
+)
 from entrogym.train.evaluation import REPORT_HOOK, EvalPlan, plan_evaluation, run_evaluation
 
 PROG = "entrogym eval"
@@ -125,6 +131,7 @@ def prepare(cfg: EvalConfig) -> EvalPlan:
         check_writable_dir(cfg.out, "out")
     if cfg.model in BUILTIN_MODELS and not served:
         check_cache()
+    check_model_fits(cfg)
     try:
         plan = plan_evaluation(cfg.env, cfg.user_env_kwargs(), split=cfg.split,
                                max_tasks=cfg.max_tasks, samples=cfg.samples,

@@ -101,6 +101,43 @@ def check_writable_dir(path: str | os.PathLike, option: str) -> None:
     os.rmdir(probe)
 
 
+def check_model_fits(config: Any, lora_targets: list[str] | None = None) -> None:
+    """What the model's own files say, checked before its weights load: ``max_context_tokens``
+    within its context length, a chat template (the tokenizer's or ``--chat-template``), and
+    every LoRA target module among its layers (a skeleton on the meta device: no weights).
+    A hub id that is not on disk and a served model are not checked here."""
+    from entrogym.models import BUILTIN_MODELS, model_limits, resolve_model
+
+    if config.engine_urls:
+        return
+    if config.model not in BUILTIN_MODELS and not Path(config.model).expanduser().is_dir():
+        return
+    path = resolve_model(config.model)
+    limits = model_limits(path)
+    if limits.context is not None and config.max_context_tokens > limits.context:
+        raise ValueError(
+            f"max_context_tokens={config.max_context_tokens} exceeds the context length of "
+            f"{config.model!r} ({limits.context}, from its config.json); lower "
+            "--max-context-tokens (and --max-response-tokens)"
+        )
+    if config.chat_template is None:
+        from transformers import AutoTokenizer
+
+        from entrogym.agents.agent import no_chat_template_message
+
+        if not getattr(AutoTokenizer.from_pretrained(path), "chat_template", None):
+            raise ValueError(no_chat_template_message(config.model))
+    if lora_targets is not None:
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from entrogym.train.policy import missing_lora_targets
+
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+        missing_lora_targets(skeleton, lora_targets)
+
+
 def check_trackers(report_to: str) -> None:
     """Every tracker of ``--report-to`` is installed (its extra is named otherwise)."""
     from entrogym.extras import require
@@ -134,3 +171,4 @@ def check_run_inputs(config: Any) -> None:
     check_trackers(config.report_to)
     if config.model in BUILTIN_MODELS and not config.engine_urls:
         check_cache()
+    check_model_fits(config, lora_targets=config.lora_target_modules)

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from entrogym.agents.config import AgentConfig
 from entrogym.algos import AlgorithmConfig
 from entrogym.dtypes import DTypeName
+from entrogym.models import LORA_TARGETS
 from entrogym.train.algo_spec import resolve_algorithm, typed_spec
 from entrogym.train.trackers import NO_TRACKER, parse_report_to
 
@@ -58,7 +59,10 @@ class TrainConfig(AgentConfig):
             iteration (one extra no-grad scoring pass with exact entropies): whether the engine
             drew its tokens from the policy; |z| > 4 means it did not (e.g. a top-k sampler).
             Needs temperature 1, where the policy is the distribution sampled.
-        lora_rank: LoRA rank on q, k, v, o, gate, up, down (paper: 16).
+        lora_rank: LoRA rank (paper: 16).
+        lora_target_modules: names of the layers LoRA adapts (paper: q, k, v, o, gate, up,
+            down projections); an architecture with other names needs its own (a missing one
+            is named with the model's linear layers).
         lora_alpha: LoRA alpha (paper: 32).
         bf16_round_logprobs: emulate Thm 3's bf16 rounding of log-probs before the ratio.
         softmax_fix: fp64 recomputation of near-certain tokens' gradients (appendix).
@@ -99,6 +103,7 @@ class TrainConfig(AgentConfig):
     score_layout: Literal["padded", "trimmed", "packed"] = "trimmed"
     action_only_head: bool = True
     lora_rank: int = 16
+    lora_target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
     lora_alpha: int = 32
     bf16_round_logprobs: bool = False
     softmax_fix: bool = True

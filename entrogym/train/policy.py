@@ -18,10 +18,8 @@ from pathlib import Path
 import torch
 
 from entrogym.atomic import swap_in_folder
-from entrogym.models import resolve_model
+from entrogym.models import LORA_TARGETS, resolve_model
 from entrogym.train.precision import check_device_dtype, resolve_dtype
-
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 @dataclass
@@ -97,12 +95,7 @@ def apply_lora(
     from peft import get_peft_model
 
     settings = settings or LoraSettings()
-    missing = [t for t in settings.target_modules if not _has_module(model, t)]
-    if missing:
-        raise ValueError(
-            f"LoRA target modules {missing} do not exist in {type(model).__name__}; "
-            "set target_modules to names of its linear layers"
-        )
+    missing_lora_targets(model, settings.target_modules)
     if seed is None:
         return get_peft_model(model, settings.to_peft())
     with torch.random.fork_rng(devices=[]):
@@ -110,8 +103,19 @@ def apply_lora(
         return get_peft_model(model, settings.to_peft())
 
 
-def _has_module(model: torch.nn.Module, suffix: str) -> bool:
-    return any(name.split(".")[-1] == suffix for name, _ in model.named_modules())
+def missing_lora_targets(model: torch.nn.Module, targets: tuple[str, ...] | list[str]) -> None:
+    """ValueError, in one line naming them and the model's linear layers, unless every LoRA
+    target module name is one of ``model``'s layers (a module ``model`` may be on the meta
+    device: only the names are read)."""
+    names = {name.split(".")[-1] for name, _ in model.named_modules()}
+    missing = [t for t in targets if t not in names]
+    if missing:
+        linear = sorted({name.split(".")[-1] for name, m in model.named_modules()
+                         if isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D"})  # fmt: skip
+        raise ValueError(
+            f"LoRA target module(s) {missing} do not exist in {type(model).__name__}; its "
+            f"linear layers: {', '.join(linear)}; pass --lora-target-modules with some of them"
+        )
 
 
 def load_policy(

@@ -102,7 +102,9 @@ class Trainer:
         self.policy = load_policy(
             cfg.model,
             dtype=cfg.dtype,
-            lora=LoraSettings(r=cfg.lora_rank, alpha=cfg.lora_alpha),
+            lora=LoraSettings(
+                cfg.lora_rank, cfg.lora_alpha, target_modules=cfg.lora_target_modules
+            ),
             seed=cfg.seed,
             # a 16-bit body keeps an fp32 LM head over upcast hidden states (paper Sec. 4);
             # under torchrun FSDP2's output_dtype=float32 plays that part
@@ -199,6 +201,7 @@ class Trainer:
             max_turn_tokens=cfg.max_response_tokens,
             max_context=cfg.max_context_tokens,
             on_turn_budget=cfg.on_turn_budget,
+            chat_template=cfg.chat_template,
         )
         self.pad_id = self.agent.tokenizer.pad_token_id or 0
         self.logprob_opts = {

@@ -277,6 +277,10 @@ def check_adapter(adapter: str | os.PathLike, base_model: str) -> str:
     if not base_files:
         return str(folder)  # a hub id or a .bin checkpoint: the engine's own check must do
     base_shapes = _safetensors_shapes(base_files)
+    # Conv1D layers (GPT-2) store their weight as [in, out], not [out, in]: peft marks them
+    transposed = bool(
+        json.loads((folder / "adapter_config.json").read_text()).get("fan_in_fan_out")
+    )
     for key, shape in _safetensors_shapes([weights]).items():
         for part, dim in ((".lora_A.", 1), (".lora_B.", 0)):
             if part not in key:
@@ -288,7 +292,7 @@ def check_adapter(adapter: str | os.PathLike, base_model: str) -> str:
                     f"adapter {str(folder)!r} modifies {module!r}, which base model "
                     f"{base_model!r} does not have; was it trained for another model?"
                 )
-            want = target[dim]
+            want = target[1 - dim if transposed else dim]
             if shape[dim] != want:
                 raise ValueError(
                     f"adapter {str(folder)!r} does not match base model {base_model!r}: "
