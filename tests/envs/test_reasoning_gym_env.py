@@ -111,3 +111,22 @@ def test_bad_arguments_are_one_line_errors(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message) as caught:
         make_text_env(ENV, **kwargs)
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("env_kwargs", "module", "extra"),
+    [
+        ({"dataset": "leg_counting"}, "reasoning_gym", "reasoning-gym"),
+        ({"game": "TowerOfHanoi-v0"}, "textarena", "textarena"),
+    ],
+)
+def test_a_missing_extra_is_named(env_kwargs: dict, module: str, extra: str, monkeypatch) -> None:
+    import entrogym.extras as extras
+
+    real = extras.importlib.util.find_spec
+    monkeypatch.setattr(extras.importlib.util, "find_spec",
+                        lambda name, *a: None if name == module else real(name, *a))  # fmt: skip
+    env_id = ENV if "dataset" in env_kwargs else "entrogym/TextArena-v0"
+    with pytest.raises(ValueError, match=rf'pip install -e "\.\[{extra}\]"') as caught:
+        make_text_env(env_id, **env_kwargs)
+    assert "\n" not in str(caught.value)
