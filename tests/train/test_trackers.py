@@ -36,13 +36,21 @@ def same(got: dict[int, dict[str, float]], want: dict[int, dict[str, float]]) ->
 
 def expected(rows: list[dict]) -> dict[int, dict[str, float]]:
     """step -> the numeric fields of metrics.jsonl's rows, as the trackers name them."""
-    out: dict[int, dict[str, float]] = {}
+    def flat(row: dict, prefix: str) -> dict[str, float]:  # nested fields as outer/inner
+        out = {}
+        for k, v in row.items():
+            if isinstance(v, dict):
+                out |= flat(v, f"{prefix}{k}/")
+            elif isinstance(v, int | float):
+                out[prefix + k] = float(v)
+        return out
+
+    steps: dict[int, dict[str, float]] = {}
     for row in rows:
-        prefix = "eval/" if row["kind"] == "eval" else ""
-        scalars = {prefix + k: float(v) for k, v in row.items()
-                   if k not in ("iteration", "step", "kind") and isinstance(v, int | float)}  # fmt: skip
-        out.setdefault(row["step"], {}).update(scalars)
-    return out
+        fields = {k: v for k, v in row.items() if k not in ("iteration", "step", "kind")}
+        scalars = flat(fields, "eval/" if row["kind"] == "eval" else "")
+        steps.setdefault(row["step"], {}).update(scalars)
+    return steps
 
 
 def wandb_history(run_dir: Path) -> dict[int, dict[str, float]]:
