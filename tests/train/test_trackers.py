@@ -36,6 +36,7 @@ def same(got: dict[int, dict[str, float]], want: dict[int, dict[str, float]]) ->
 
 def expected(rows: list[dict]) -> dict[int, dict[str, float]]:
     """step -> the numeric fields of metrics.jsonl's rows, as the trackers name them."""
+
     def flat(row: dict, prefix: str) -> dict[str, float]:  # nested fields as outer/inner
         out = {}
         for k, v in row.items():
