@@ -96,7 +96,9 @@ def test_each_readme_command_parses(command: str, quickstart_env: Path, monkeypa
     monkeypatch.syspath_prepend(str(quickstart_env))  # PYTHONPATH=. in the quickstart
     words = shlex.split(command)
     while words and re.match(r"^[A-Z_]+=", words[0]):  # VAR=value before the command
-        words = words[1:]
+        name, _, value = words.pop(0).partition("=")
+        if name == "PYTHONPATH":
+            monkeypatch.syspath_prepend(str(ROOT / value))
     tool, args = words[0], words[1:]
     if tool == "entrogym":
         _entrogym(args)
