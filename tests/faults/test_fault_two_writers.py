@@ -62,6 +62,7 @@ def test_second_trainer_fails_fast_before_loading_a_model(tmp_path):
     try:
         args = ["train", "--env", "test/Vowel-v0", "--model", "tiny-random-llama", "--engine"]
         args += ["hf", "--engine-dtype", "fp32", "--out", str(run), "--seed", "1"]
+        args += ["--tasks-per-iter", "2"]  # within the 6 tasks of test/Vowel-v0
         code = (
             "import sys; sys.path.insert(0, 'tests'); import vowel_env; "
             "from entrogym.cli import main; sys.exit(main(sys.argv[1:]))"
