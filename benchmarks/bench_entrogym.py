@@ -30,7 +30,9 @@ SCORING = {
 }
 
 
-def train_config(work: Workload, engine: str, scoring: str, out: Path) -> Any:
+def train_config(
+    work: Workload, engine: str, scoring: str, out: Path, env_workers: int | None = None
+) -> Any:
     """The demo's GRPO TrainConfig with the workload's shapes and the benchmark's options."""
     from entrogym.demo import demo_config
 
@@ -52,6 +54,7 @@ def train_config(work: Workload, engine: str, scoring: str, out: Path) -> Any:
         eval_env=None,
         eval_every=0,
         checkpoint_every=10**9,
+        env_workers=cfg.env_workers if env_workers is None else env_workers,
         **SCORING[scoring],
     )
 
@@ -86,14 +89,14 @@ class LearnerCounts:
             self.current["learner_flops"] += self.shape.backward_flops(lengths, heads)
 
 
-def run(work: Workload, engine: str, scoring: str) -> dict:
+def run(work: Workload, engine: str, scoring: str, env_workers: int | None = None) -> dict:
     from entrogym.train.metrics import read_metrics
     from entrogym.train.trainer import Trainer
 
     t_spawn = float(os.environ.get("BENCH_SPAWN_TIME", time.time()))
     torch.manual_seed(work.seed)
     with tempfile.TemporaryDirectory(prefix="entrogym-bench-") as tmp:
-        trainer = Trainer(train_config(work, engine, scoring, Path(tmp)))
+        trainer = Trainer(train_config(work, engine, scoring, Path(tmp), env_workers))
         counts = LearnerCounts(trainer)
         trainer.phases.hooks.append(counts)
         if work.device != "cpu":  # in place: the optimizer keeps the same parameters
@@ -146,8 +149,9 @@ def main() -> None:
     p.add_argument("result", type=Path)
     p.add_argument("--engine", default="hf")
     p.add_argument("--scoring", choices=tuple(SCORING), default="fast")
+    p.add_argument("--env-workers", type=int, default=None, help="default: the trainer's")
     args = p.parse_args()
-    result = run(Workload.load(args.workload), args.engine, args.scoring)
+    result = run(Workload.load(args.workload), args.engine, args.scoring, args.env_workers)
     args.result.write_text(json.dumps(result))
 
 

@@ -159,6 +159,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--iterations", type=int, default=2, help="per process; the last is timed")
     p.add_argument("--reps", type=int, default=3, help="fresh-process repetitions per framework")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--env-workers",
+        type=int,
+        default=None,
+        help="entrogym's env worker processes (0: envs in the trainer; default: the trainer's)",
+    )
     p.add_argument("--vs-trl", action="store_true", help="also run TRL's GRPOTrainer (make bench)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per worker process")
     return p.parse_args(argv)
@@ -191,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             args.engine,
             "--scoring",
             args.scoring,
+            *([] if args.env_workers is None else ["--env-workers", str(args.env_workers)]),
         ]
         theirs = [str(BENCH_PYTHON), str(HERE / "bench_trl.py"), str(work_file), str(result)]
         runs: dict[str, list[dict]] = {"entrogym": [], "trl": []}

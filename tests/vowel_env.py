@@ -49,3 +49,13 @@ TINY_RUN = dict(
 )
 # The same without env and algo, for tests that name their own.
 TINY_SETTINGS = {k: v for k, v in TINY_RUN.items() if k not in ("env", "algo")}
+# A run whose resumed metrics must equal an uninterrupted one's (kill -9, SIGTERM): groups
+# of 3, a learning rate that moves the policy visibly within a few iterations.
+RESUMABLE_RUN = {
+    **TINY_RUN,
+    "samples": 3,
+    "early_stop_min_per_task": 3,
+    "micro_batch_size": 4,
+    "lr": 1e-2,
+    "max_grad_norm": 1.0,
+}

@@ -95,7 +95,7 @@ class AgentConfig:
                 f"on_turn_budget must be one of {list(TURN_BUDGET_RULES)}, "
                 f"got {self.on_turn_budget!r}"
             )
-        if self.temperature < 0:
+        if not self.temperature >= 0:  # NaN too
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.chat_template is not None and not Path(self.chat_template).is_file():
             raise ValueError(

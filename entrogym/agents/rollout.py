@@ -7,13 +7,18 @@ rollouts are done, the rest are cancelled. With ``chunk_tokens`` a turn is gener
 of that many tokens (a chunk continues from the ids sampled so far, so nothing changes but the
 places where the loop can stop), which lets early stopping act inside long single-turn answers.
 
-Episode errors are data: an env that raises (reset, step, end_episode) or breaks the text-env
-contract (:mod:`entrogym.envs.contract`: a non-string observation; a terminal reward that is not
-finite or lies outside the env's ``reward_range``) fails that episode only. It comes back with
-reward 0 and ``Episode.error`` (env id, task id, message), is counted in
-``stats["env_errors"]``, its message goes to stderr once, the trainer leaves it out, and
-:func:`check_env_errors` stops a run whose failed share is too high. Env attributes are reached
-with ``env.get_wrapper_attr``, so envs wrapped in Gymnasium wrappers work.
+Envs given by id run in env worker processes (:mod:`entrogym.agents.env_workers`): each
+call has a time limit and each worker a memory limit, so an env that hangs, leaks or crashes
+fails its own episodes and the worker is replaced; ``env_workers=0`` runs them here.
+
+Episode errors are data: an env that raises (reset, step, end_episode), times out, dies, or
+breaks the text-env contract (:mod:`entrogym.envs.contract`: an observation that is not UTF-8
+text; an ``info["success"]`` that is not a bool; a reward that is not a real number, is paid
+before the last step, is not finite or lies outside the env's ``reward_range``) fails that
+episode only. It comes back with reward 0 and ``Episode.error`` (env id, task id, message), is
+counted in ``stats["env_errors"]``, its message goes to stderr once, the trainer leaves it out,
+and :func:`check_env_errors` stops a run whose failed share is too high. Env attributes are
+reached with ``env.get_wrapper_attr``, so envs wrapped in Gymnasium wrappers work.
 """
 
 from __future__ import annotations
@@ -28,6 +33,13 @@ from typing import Any
 
 from entrogym.agents.agent import LLMAgent, Transcript, TurnEnd
 from entrogym.agents.engines.base import Engine, SamplingParams
+from entrogym.agents.env_workers import (
+    EnvLimits,
+    EnvWorkers,
+    check_portable,
+    error_name,
+    shared_env_workers,
+)
 from entrogym.agents.episode import (
     EnvErrorBudgetExceeded,
     Episode,
@@ -35,12 +47,13 @@ from entrogym.agents.episode import (
     log_env_error_once,
 )
 from entrogym.envs.base import env_attr, make_text_env
-from entrogym.envs.contract import check_reply, check_terminal_reward
+from entrogym.envs.contract import check_reply, check_step_reward, check_terminal_reward
 
 __all__ = [
     "EnvErrorBudgetExceeded",
     "Episode",
     "Rollouts",
+    "RolloutsInterrupted",
     "check_env_errors",
     "collect_rollouts",
     "early_stop_reached",
@@ -95,7 +108,7 @@ class _Run:
 
     def fail(self, env_id: str, where: str, error: BaseException) -> None:
         """End the episode as failed; the message names the env, the task and the error."""
-        text = f"{type(error).__name__}: {error}"
+        text = f"{error_name(error)}: {error}"
         self.error = f"env {env_id!r}, task {self.task_id!r}, {where}: {text}"
         self.error_key = f"{env_id}\0{where}\0{text}"
         self.finish(0.0, error=self.error, success=False)
@@ -114,8 +127,17 @@ def _env_id(source: EnvSource, env: Any) -> str:
     return type(getattr(env, "unwrapped", env)).__name__ if env is not None else name
 
 
+class RolloutsInterrupted(Exception):
+    """``should_stop`` asked the collection to stop (the trainer received SIGTERM or SIGINT);
+    the episodes in progress were abandoned."""
+
+
 class _Collection:
-    """The envs, engine and agent of one :func:`collect_rollouts` call, and its counters."""
+    """The envs, engine and agent of one :func:`collect_rollouts` call, and its counters.
+
+    Env calls (make, reset, step, end_episode) of different episodes run side by side on
+    ``pool`` threads when the envs live in several worker processes; the agent's tokenizer is
+    only used from the calling thread."""
 
     def __init__(
         self,
@@ -126,43 +148,60 @@ class _Collection:
         sampling: SamplingParams,
         adapter: str | None,
         chunk_tokens: int | None,
-        env_workers: int,
+        workers: EnvWorkers | None,
+        env_timeout: float | None,
     ) -> None:
         self.source, self.env_kwargs = source, env_kwargs
         self.engine, self.agent, self.adapter = engine, agent, adapter
         self.sampling, self.chunk_tokens = sampling, chunk_tokens
-        self.pool = ThreadPoolExecutor(env_workers) if env_workers > 1 else None
+        self.workers, self.env_timeout = workers, env_timeout
+        threads = workers.limits.workers if workers is not None else 1
+        self.pool = ThreadPoolExecutor(threads) if threads > 1 else None
         self.stats: dict[str, Any] = {"steps": 0, "generate_calls": 0, "generated_tokens": 0}
         self.generate_s = self.env_s = 0.0
         self.env_id = source if isinstance(source, str) else ""
 
-    def make_env(self) -> Any:
+    def _each(self, fn: Callable[..., Any], items: Sequence[Any]) -> list[Any]:
+        """``fn(*item)`` for every item, on the pool's threads when there is one."""
+        if self.pool is None or len(items) < 2:
+            return [fn(*item) for item in items]
+        return list(self.pool.map(lambda item: fn(*item), items))
+
+    def make_env(self, r: _Run) -> Any:
+        if self.workers is not None:
+            assert isinstance(self.source, str)
+            return self.workers.make(self.source, self.env_kwargs, r.group_id, self.env_timeout)
         if isinstance(self.source, str):
             return make_text_env(self.source, **self.env_kwargs)
         return self.source()
 
     def start(self, runs: list[_Run], seed: int) -> None:
+        """Make every run's env and reset it to its task, then start the agents' transcripts."""
         t0 = time.perf_counter()
-        for r in runs:
-            self._start_run(r, seed)
+        if self.workers is not None:
+            self.workers.warm({r.group_id for r in runs})
+        observations = self._each(self._reset, [(r, seed) for r in runs])
+        for r, observation in zip(runs, observations, strict=True):
+            if observation is not None:
+                # a prompt over max_context is a setup error, not the env's: it raises
+                r.transcript = self.agent.start(observation, r.task_id)
         self.env_s += time.perf_counter() - t0
 
-    def _start_run(self, r: _Run, seed: int) -> None:
-        """Make the run's env, reset it to its task and start the agent's transcript."""
+    def _reset(self, r: _Run, seed: int) -> str | None:
+        """The run's first observation, or None when making or resetting its env failed."""
         t0 = time.perf_counter()
         try:
-            r.env = self.make_env()
+            r.env = self.make_env(r)
             self.env_id = self.env_id or _env_id(self.source, r.env)
             observation, info = r.env.reset(seed=seed + r.index, options={"task_id": r.task_id})
             check_reply(observation, info)
         except Exception as e:  # noqa: BLE001  (one broken env must not end the batch)
             r.fail(self.env_id or _env_id(self.source, r.env), "reset", e)
-            return
+            return None
         finally:
             r.env_s += time.perf_counter() - t0
         r.info.update(info)
-        # a prompt over max_context is a setup error, not the env's: it raises
-        r.transcript = self.agent.start(observation, r.task_id)
+        return observation
 
     def step(self, active: list[_Run]) -> None:
         """One batched generation call for the running episodes, then the envs of the turns
@@ -187,25 +226,25 @@ class _Collection:
             if end is not None:
                 ended.append((r, end))
         t0 = time.perf_counter()
-        if self.pool is not None:
-            list(self.pool.map(lambda pair: self._advance(*pair), ended))
-        else:
-            for r, end in ended:
-                self._advance(r, end)
+        feedback = self._each(self._env_turn, ended)
+        for (r, _), observation in zip(ended, feedback, strict=True):
+            if observation is not None and not self.agent.add_feedback(r.transcript, observation):
+                self._context_full(r)
         self.env_s += time.perf_counter() - t0
         self.stats["steps"] += 1
 
-    def _advance(self, r: _Run, end: TurnEnd) -> None:
-        """Hand a finished turn's action to the env and append its answer."""
+    def _env_turn(self, r: _Run, end: TurnEnd) -> str | None:
+        """Hand a finished turn's action to the env. Returns the env's answer when the episode
+        goes on (the caller appends it), None when it ended."""
         if end.limit == "context":
             self._context_full(r)
-            return
+            return None
         if end.limit == "turn" and self.agent.on_turn_budget == "truncate":
             r.finish(0.0, truncated=True, truncated_by=end.limit, success=False)
-            return
+            return None
         if not end.text:
             r.finish(0.0, empty_action=True, success=False)  # envs take at least one character
-            return
+            return None
         t0 = time.perf_counter()
         try:
             if end.limit == "turn":
@@ -214,11 +253,10 @@ class _Collection:
                     flag()
             observation, reward, terminated, truncated, info = r.env.step(end.text)
             check_reply(observation, info)
-            if terminated or truncated:
-                check_terminal_reward(reward, env_attr(r.env, "reward_range"))
+            check_step_reward(reward, terminated or truncated, env_attr(r.env, "reward_range"))
         except Exception as e:  # noqa: BLE001
             r.fail(self.env_id, "step", e)
-            return
+            return None
         finally:
             r.env_s += time.perf_counter() - t0
         r.info.update(info)
@@ -228,8 +266,8 @@ class _Collection:
                 truncated=bool(truncated and not terminated),
                 truncated_by="env" if truncated else None,
             )
-        elif not self.agent.add_feedback(r.transcript, observation):
-            self._context_full(r)
+            return None
+        return observation
 
     def _context_full(self, r: _Run) -> None:
         """The context window is full: the episode ends with the env's own terminal outcome
@@ -249,13 +287,14 @@ class _Collection:
         r.finish(reward, truncated=True, truncated_by="context", success=bool(info.get("success")))
 
     def close(self, runs: list[_Run]) -> None:
+        def close_env(r: _Run) -> None:
+            # Closing must not hide the episode's result.
+            with contextlib.suppress(Exception):
+                r.env.close()
+
+        self._each(close_env, [(r,) for r in runs if r.env is not None])
         if self.pool is not None:
             self.pool.shutdown()
-        for r in runs:
-            if r.env is not None:
-                # Closing must not hide the episode's result.
-                with contextlib.suppress(Exception):
-                    r.env.close()
 
 
 def _cancel_if_early_stop(
@@ -294,6 +333,24 @@ def _check_arguments(
         )
 
 
+def _env_workers(
+    source: EnvSource, workers: EnvWorkers | int | None, timeout: float | None
+) -> EnvWorkers | None:
+    """The worker pool a collection's envs run in, or None for this process."""
+    if not isinstance(source, str) or workers == 0:
+        return None
+    if isinstance(workers, EnvWorkers):
+        pool = workers
+    elif workers is None:
+        pool = shared_env_workers(EnvLimits())
+    else:
+        pool = shared_env_workers(EnvLimits(workers=workers))
+    check_portable(source)  # an env the workers cannot build is refused once, here
+    if timeout is not None and not 0 < timeout < float("inf"):
+        raise ValueError(f"env_timeout must be > 0 seconds, got {timeout}")
+    return pool
+
+
 def collect_rollouts(
     env: EnvSource,
     task_ids: Sequence[str],
@@ -311,7 +368,9 @@ def collect_rollouts(
     seed: int = 0,
     group_offset: int = 0,
     keep_cancelled: bool = False,
-    env_workers: int = 1,
+    env_workers: EnvWorkers | int | None = None,
+    env_timeout: float | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> Rollouts:
     """Run ``k`` episodes of every task in ``task_ids`` and return them as :class:`Episode`\\ s.
 
@@ -327,7 +386,13 @@ def collect_rollouts(
         seed: episode ``i`` is reset with ``seed + i``.
         group_offset: group id of the first task (group ids are ``group_offset + task index``).
         keep_cancelled: also return cancelled episodes (``info["cancelled"] = True``).
-        env_workers: threads stepping envs (for envs whose steps wait on I/O).
+        env_workers: where a registered env id runs: a pool of env worker processes
+            (:class:`~entrogym.agents.env_workers.EnvWorkers`), a number of workers (the
+            process-wide pool of that size; None = the default size), or 0 for this process
+            (no time or memory limit). A factory ``env`` always runs in this process.
+        env_timeout: seconds one env call may take in a worker (None = the pool's limit).
+        should_stop: checked after every generation step; when it returns True the episodes
+            in progress are abandoned and :class:`RolloutsInterrupted` is raised.
 
     Failed episodes (env errors, see the module docstring) are returned too, with
     ``Episode.error`` set; one whose reset failed has no tokens.
@@ -338,12 +403,16 @@ def collect_rollouts(
         _Run(i * k + j, tid, group_offset + i) for i, tid in enumerate(task_ids) for j in range(k)
     ]
     sampling = replace(sampling or SamplingParams(), stop_token_ids=agent.stop_token_ids)
+    workers = _env_workers(env, env_workers, env_timeout)
     collection = _Collection(
-        env, dict(env_kwargs or {}), engine, agent, sampling, adapter, chunk_tokens, env_workers
-    )
+        env, dict(env_kwargs or {}), engine, agent, sampling, adapter, chunk_tokens, workers,
+        env_timeout,
+    )  # fmt: skip
     try:
         collection.start(runs, seed)
         while active := [r for r in runs if not r.done]:
+            if should_stop is not None and should_stop():
+                raise RolloutsInterrupted("rollouts abandoned: the run was asked to stop")
             collection.step(active)
             if early_stop:
                 _cancel_if_early_stop(runs, k, min_done_per_task, min_done_fraction)

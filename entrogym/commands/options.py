@@ -21,14 +21,31 @@ import sys
 import typing
 from collections.abc import Callable, Iterable
 from dataclasses import fields, is_dataclass
+from pathlib import Path
 from typing import Any
 
-from jsonargparse import ActionConfigFile, ArgumentParser
+import yaml
+from jsonargparse import ActionConfigFile, ArgumentParser, get_loader, set_loader
 
 from entrogym.train.algo_spec import algo_args_mapping, algo_help, merge_specs, split_algo_args
+from entrogym.yaml_limits import check_yaml
 
 BOOL_WORDS = frozenset({"true", "false", "yes", "no", "True", "False", "1", "0"})
 _OPTION = re.compile(r"--[A-Za-z0-9_.]+")
+
+
+_JSONARGPARSE_YAML = get_loader("yaml")
+
+
+def _bounded_yaml(stream: str) -> Any:
+    """jsonargparse's YAML loader behind :func:`entrogym.yaml_limits.check_yaml`: every YAML
+    a command reads (config files, option values) is bounded before it is built."""
+    if isinstance(stream, str):
+        check_yaml(stream, "a YAML value")
+    return _JSONARGPARSE_YAML(stream)
+
+
+set_loader("yaml", _bounded_yaml, exceptions=(yaml.YAMLError,))
 
 
 class CommandParser(ArgumentParser):
@@ -176,8 +193,27 @@ def config_from(namespace: Any, config_cls: type, algo_tokens: list[str] = ()) -
     return config_cls(**{f.name: values[f.name] for f in fields(config_cls) if f.name in values})
 
 
+def _check_config_files(argv: list[str]) -> None:
+    """Every ``--config FILE`` is bounded YAML (:func:`check_yaml`), checked here so that a
+    refused file is named."""
+    for i, token in enumerate(argv):
+        path = None
+        if token == "--config" and i + 1 < len(argv):
+            path = argv[i + 1]
+        elif token.startswith("--config="):
+            path = token.partition("=")[2]
+        if path is None or not Path(path).is_file():
+            continue
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"--config {path}: cannot read it ({exc})") from exc
+        check_yaml(text, f"--config {path}")
+
+
 def parse_namespace(parser: ArgumentParser, argv: list[str]) -> Any:
     """Parse ``argv`` (normalised); a parse error is a ValueError with jsonargparse's message."""
+    _check_config_files(argv)
     try:
         return parser.parse_args(normalise_argv(parser, argv))
     except Exception as exc:  # jsonargparse raises ArgumentError / TypeError subclasses

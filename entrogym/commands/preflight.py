@@ -1,8 +1,9 @@
 """Checks a command runs before it loads any model: each bad input is one ValueError line.
 
-An unknown env id, a model that is neither a built-in, a folder nor a hub id, an ``--out`` that
-is a file or cannot be written, and an unwritable ``$ENTROGYM_CACHE`` all fail here in well
-under a second instead of after the model has loaded.
+An unknown env id, env kwargs the env refuses, a split the env does not have, a model that is
+neither a built-in, a folder nor a hub id, an ``--out`` that is a file, cannot be written or
+has a name too long for its filesystem, and an unwritable ``$ENTROGYM_CACHE`` all fail here
+in well under a second instead of after the model has loaded.
 """
 
 from __future__ import annotations
@@ -42,16 +43,29 @@ def check_env_id(env_id: str, option: str = "env") -> None:
         ) from exc
 
 
-def check_env_builds(env_id: str, env_kwargs: dict[str, Any], option: str = "env") -> None:
+def check_env_builds(
+    env_id: str,
+    env_kwargs: dict[str, Any],
+    option: str = "env",
+    *,
+    split: str | None = None,
+    split_option: str | None = None,
+    held_out: bool = False,
+) -> None:
     """The env can be made with ``env_kwargs`` (an unknown dataset or game, a missing extra, a
-    bad keyword): one ValueError line, before the run folder is made or a model loads."""
+    bad keyword) and, with ``split_option``, has ``split`` (:func:`_check_split`): one
+    ValueError line, before the run folder is made or a model loads."""
     from entrogym.envs.base import make_text_env
 
     try:
         env = make_text_env(env_id, **env_kwargs)
     except (TypeError, FileNotFoundError) as exc:  # not a text env; a bad keyword; no data
         raise ValueError(f"{option} {env_id!r}: {exc}") from exc
-    env.close()
+    try:
+        if split_option is not None:
+            _check_split(env, env_id, split, split_option, held_out)
+    finally:
+        env.close()
 
 
 def check_model(model: str, served: bool = False) -> None:
@@ -76,9 +90,68 @@ def check_model(model: str, served: bool = False) -> None:
     )
 
 
+def _check_split(env: Any, env_id: str, split: str | None, option: str, held_out: bool) -> None:
+    """``env`` has ``split`` (None: its default split, or with ``held_out`` its held-out one,
+    which must exist)."""
+    from entrogym.envs.base import env_attr, task_ids_of
+
+    if split is None:
+        if held_out:
+            from entrogym.train.evaluation import held_out_split
+
+            held_out_split(env)
+        return
+    splits = env_attr(env, "splits")
+    if isinstance(splits, tuple | list) and splits:
+        if split not in splits:
+            raise ValueError(
+                f"{option} {split!r}: env {env_id!r} has no such split (its splits: "
+                f"{', '.join(map(str, splits))})"
+            )
+        return
+    try:
+        tasks = task_ids_of(env, split)
+    except Exception as exc:  # noqa: BLE001 - whatever the env raises for an unknown split
+        raise ValueError(f"{option} {split!r}: env {env_id!r} refuses it ({exc})") from exc
+    if not tasks:
+        raise ValueError(f"{option} {split!r}: env {env_id!r} has no tasks in it")
+
+
+def check_path_length(path: str | os.PathLike, option: str, room: int = 100) -> None:
+    """Every component of ``path`` still to be created fits its filesystem's name limit, and
+    the whole path leaves ``room`` characters for the files written under it."""
+    folder = Path(path).expanduser().absolute()
+    existing = _nearest_existing(folder)
+    try:
+        name_max = os.pathconf(existing, "PC_NAME_MAX")
+        path_max = os.pathconf(existing, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        name_max, path_max = 255, 4096
+    for part in folder.relative_to(existing).parts:
+        size = len(os.fsencode(part))
+        if size > name_max:
+            shown = part if len(part) <= 40 else part[:40] + "..."
+            raise ValueError(
+                f"{option}: the path component {shown!r} is {size} characters; this filesystem "
+                f"allows at most {name_max}. Pass a shorter --{option.replace('_', '-')}"
+            )
+    if len(os.fsencode(str(folder))) + room > path_max:
+        raise ValueError(
+            f"{option} {str(path)!r} is too long: the files under it would pass this "
+            f"filesystem's limit of {path_max} characters"
+        )
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # e.g. a name too long for the filesystem: it cannot exist
+        return False
+
+
 def _nearest_existing(path: Path) -> Path:
     path = path.absolute()
-    while not path.exists() and path != path.parent:
+    while not _exists(path) and path != path.parent:
         path = path.parent
     return path
 
@@ -86,6 +159,7 @@ def _nearest_existing(path: Path) -> Path:
 def check_writable_dir(path: str | os.PathLike, option: str) -> None:
     """``path`` is a folder (or can become one) that this user can write."""
     folder = Path(path).expanduser()
+    check_path_length(folder, option)
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"{option} {str(path)!r} is a file, not a folder; pass a folder")
     existing = _nearest_existing(folder)
@@ -163,9 +237,16 @@ def check_run_inputs(config: Any) -> None:
     check_env_id(config.env, "env")
     if config.eval_env is not None:
         check_env_id(config.eval_env, "eval_env")
-    check_env_builds(config.env, config.env_kwargs, "env")
+    check_env_builds(config.env, config.env_kwargs, "env", split=config.split, split_option="split")
     if config.eval_env is not None:
-        check_env_builds(config.eval_env, config.eval_env_kwargs, "eval_env")
+        check_env_builds(
+            config.eval_env,
+            config.eval_env_kwargs,
+            "eval_env",
+            split=config.eval_split,
+            split_option="eval_split" if config.eval_every else None,
+            held_out=True,
+        )
     check_model(config.model, served=bool(config.engine_urls))
     check_writable_dir(config.out, "out")
     check_trackers(config.report_to)

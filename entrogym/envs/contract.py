@@ -9,9 +9,11 @@ to every step, turning a violation into a failed episode instead of training dat
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, Protocol, runtime_checkable
 
 import gymnasium as gym
+import numpy as np
 
 __all__ = [
     "DEFAULT_REWARD_RANGE",
@@ -20,6 +22,8 @@ __all__ = [
     "TextEnvProtocol",
     "check_reply",
     "check_reward_range",
+    "check_step_reward",
+    "check_success_flag",
     "check_terminal_reward",
     "observation_problem",
     "reward_problem",
@@ -31,8 +35,9 @@ DEFAULT_REWARD_RANGE: tuple[float, float] = (0.0, 1.0)
 
 
 class EnvContractError(ValueError):
-    """An env returned something the text-env contract rules out (a non-string observation,
-    a reward that is not finite or lies outside the env's ``reward_range``)."""
+    """An env returned something the text-env contract rules out: an observation that is not
+    UTF-8 text, a reward that is not a real number, not finite, outside the env's
+    ``reward_range`` or paid before the last step, an ``info["success"]`` that is not a bool."""
 
 
 @runtime_checkable
@@ -124,18 +129,35 @@ class EvaluationHooks(Protocol):
 
 
 def observation_problem(observation: Any) -> str | None:
-    """What is wrong with ``observation`` under the contract, or None."""
+    """What is wrong with ``observation`` under the contract, or None: it must be a str that
+    encodes as UTF-8 (a lone surrogate, e.g. from bytes decoded with ``surrogateescape``,
+    does not, and no tokenizer takes it)."""
     if not isinstance(observation, str):
         return f"observation is a {type(observation).__name__}, not a str"
+    try:
+        observation.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = observation[exc.start]
+        return (
+            f"observation is not valid UTF-8 text (lone surrogate {bad!r} at character {exc.start})"
+        )
     return None
+
+
+def _not_a_number(reward: Any) -> str | None:
+    # numbers.Real covers int, float, bool and numpy's integer and floating scalars; a str
+    # such as "1.0" is not a reward even though float() would take it.
+    if isinstance(reward, numbers.Real):
+        return None
+    return f"reward {reward!r} is a {type(reward).__name__}, not a real number"
 
 
 def reward_problem(reward: Any, reward_range: tuple[float, float]) -> str | None:
     """What is wrong with a terminal ``reward`` under the contract, or None."""
-    try:
-        value = float(reward)
-    except (TypeError, ValueError):
-        return f"reward {reward!r} is not a number"
+    problem = _not_a_number(reward)
+    if problem is not None:
+        return problem
+    value = float(reward)
     if not math.isfinite(value):
         return f"reward {value} is not finite"
     low, high = reward_range
@@ -158,11 +180,40 @@ def check_reward_range(reward_range: Any) -> tuple[float, float]:
     return low, high
 
 
+def check_success_flag(info: dict[str, Any]) -> None:
+    """:class:`EnvContractError` unless ``info["success"]``, when present, is a bool (Python's
+    or numpy's): ``bool("False")`` is True, so a string flag would count as solved."""
+    if "success" not in info:
+        return
+    flag = info["success"]
+    if not isinstance(flag, bool | np.bool_):
+        raise EnvContractError(f"info['success'] is a {type(flag).__name__} ({flag!r}), not a bool")
+
+
 def check_reply(observation: Any, info: Any) -> None:
-    """:class:`EnvContractError` unless ``observation`` is a str and ``info`` a dict."""
+    """:class:`EnvContractError` unless ``observation`` is UTF-8 text (a str), ``info`` a dict
+    and its ``success``, if any, a bool."""
     problem = observation_problem(observation)
     if problem is None and not isinstance(info, dict):
         problem = f"info is a {type(info).__name__}, not a dict"
+    if problem is not None:
+        raise EnvContractError(problem)
+    check_success_flag(info)
+
+
+def check_step_reward(reward: Any, terminal: bool, reward_range: Any = None) -> None:
+    """One step's ``reward`` under the contract: a real number; on the last step finite and
+    within ``reward_range`` (:func:`check_terminal_reward`); before it, 0. Rewards are
+    terminal: a reward paid earlier is an error, never dropped and never summed."""
+    if terminal:
+        check_terminal_reward(reward, reward_range)
+        return
+    problem = _not_a_number(reward)
+    if problem is None and reward != 0:
+        problem = (
+            f"reward {float(reward):g} before the episode's last step; rewards are terminal "
+            "(every step before the last returns 0)"
+        )
     if problem is not None:
         raise EnvContractError(problem)
 

@@ -4,101 +4,44 @@ A request is ``{"answer", "reference", "normalized"}``: normalised answers go st
 (:func:`equivalent`); raw ones (too long to normalise in the caller's process) are normalised
 and tried on the fast paths here first (:func:`judge`), inside the caller's timeout.
 
-Each worker is a subprocess speaking JSON lines over its stdin/stdout; a call that runs past its
-timeout kills the worker (sympy can spend hours on ``9^{9^{9^{9}}}``, and ``signal.alarm`` only
-works in a main thread) and a replacement is started in the background.
+Each worker is a :class:`entrogym.workers.WorkerProcess` speaking JSON; a call that runs past
+its timeout kills the worker (sympy can spend hours on ``9^{9^{9^{9}}}``) and a replacement is
+started in the background.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import select
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from entrogym.envs.answers import fast_verdict, normalize_answer
 from entrogym.envs.minerva import minerva
+from entrogym.workers import TIMED_OUT, WorkerDied, WorkerProcess, serve
 
 STARTUP_TIMEOUT_S = 60.0  # a cold worker imports sympy, antlr and math-verify once
 _MAX_IDLE = max(1, int(os.environ.get("ENTROGYM_GRADER_WORKERS", "2")))
 _WORKER_MEMORY_MB = int(os.environ.get("ENTROGYM_GRADER_MAX_MEMORY_MB", "3072"))
 
 
-class Worker:
-    """One grading subprocess speaking JSON lines over its stdin/stdout."""
+class Worker(WorkerProcess):
+    """One grading subprocess (JSON messages)."""
 
     def __init__(self) -> None:
-        root = str(Path(__file__).resolve().parents[2])
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                "from entrogym.envs.grader_pool import worker_main; worker_main()",
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            env=env,
-        )
-        self._buf = b""
+        super().__init__("entrogym.envs.grader_pool:worker_main", codec="json")
 
-    def wait_ready(self) -> None:
+    def wait_ready(self) -> None:  # type: ignore[override]
         try:
-            line = self.read_line(time.monotonic() + STARTUP_TIMEOUT_S)
-        except EOFError:
-            line = None
-        if line is None or json.loads(line).get("ready") is not True:
+            ready = super().wait_ready(STARTUP_TIMEOUT_S, "grading worker")
+        except RuntimeError:
+            ready = None
+        if not isinstance(ready, dict) or ready.get("ready") is not True:
             self.kill()
             raise RuntimeError(
                 'the grading worker did not start; run `python -c "from entrogym.envs.grader_pool '
                 'import worker_main; worker_main()"` to see its error'
             )
-
-    def read_line(self, deadline: float) -> bytes | None:
-        """One line, or None at the deadline; EOFError if the worker died."""
-        assert self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        while b"\n" not in self._buf:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            ready, _, _ = select.select([fd], [], [], remaining)
-            if not ready:
-                return None
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                raise EOFError("grading worker exited")
-            self._buf += chunk
-        line, _, self._buf = self._buf.partition(b"\n")
-        return line
-
-    def send(self, payload: dict[str, Any]) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(payload).encode() + b"\n")
-        self.proc.stdin.flush()
-
-    def kill(self) -> None:
-        try:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-        self.close_pipes()
-
-    def close_pipes(self) -> None:
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            try:
-                if pipe is not None:
-                    pipe.close()
-            except OSError:
-                pass
 
 
 class Pool:
@@ -151,18 +94,17 @@ class Pool:
     def call(self, payload: dict[str, Any], timeout: float) -> dict[str, Any] | None:
         worker = self._acquire()
         try:
-            worker.send(payload)
-            line = worker.read_line(time.monotonic() + timeout)
-        except (OSError, EOFError):
+            reply = worker.call(payload, timeout)
+        except (OSError, WorkerDied):
             worker.kill()
             self._replace_in_background()
             raise
-        if line is None:
+        if reply is TIMED_OUT:
             worker.kill()
             self._replace_in_background()
             return None
         self._release(worker)
-        return json.loads(line)
+        return reply
 
     def _replace_in_background(self) -> None:
         """Start a worker for the next call now, so it does not pay the start-up after a kill."""
@@ -231,34 +173,22 @@ def judge(request: dict[str, Any]) -> tuple[bool, str]:
     return equivalent(answer, reference)
 
 
-def worker_main() -> None:
-    """Entry point of a grading worker process (JSON lines on stdin/stdout)."""
-    import resource
-
-    limit = _WORKER_MEMORY_MB * 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    # Libraries print (antlr warns about versions); keep the protocol channel private.
-    out = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
-    parent = os.getppid()
-
-    def watch_parent() -> None:
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os._exit(0)
-
-    threading.Thread(target=watch_parent, daemon=True).start()
+def _warm_up() -> dict[str, bool]:
     # First calls load antlr's tables and sympy's simplify machinery (about a second); pay
     # that before "ready" so it never counts against a caller's timeout.
     equivalent("\\frac{x}{2}", "0.5x")
     equivalent("(1,2]", "(1,2]")
+    return {"ready": True}
 
-    out.write(json.dumps({"ready": True}) + "\n")
-    for line in sys.stdin:
-        try:
-            req = json.loads(line)
-            correct, method = judge(req)
-            reply = {"correct": correct, "method": method}
-        except BaseException as e:  # noqa: BLE001 - MemoryError, RecursionError: answer "no"
-            reply = {"correct": False, "method": f"error: {type(e).__name__}"}
-        out.write(json.dumps(reply) + "\n")
+
+def _answer(request: Any) -> dict[str, Any]:
+    try:
+        correct, method = judge(request)
+        return {"correct": correct, "method": method}
+    except BaseException as e:  # noqa: BLE001 - MemoryError, RecursionError: answer "no"
+        return {"correct": False, "method": f"error: {type(e).__name__}"}
+
+
+def worker_main() -> None:
+    """Entry point of a grading worker process (JSON messages on stdin/stdout)."""
+    serve(_answer, codec="json", memory_mb=_WORKER_MEMORY_MB, warm_up=_warm_up)

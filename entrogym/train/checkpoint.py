@@ -196,6 +196,7 @@ def save_checkpoint(
     best: bool = False,
     weights: dict[str, torch.Tensor] | None = None,
     optimizer_state: dict[str, Any] | None = None,
+    rng: dict[str, Any] | None = None,
 ) -> Path:
     """Write checkpoint ``iteration`` of a run atomically and return its folder.
 
@@ -209,10 +210,12 @@ def save_checkpoint(
     ``weights`` and ``optimizer_state`` are the gathered states of an FSDP2-sharded model (see
     ``entrogym.train.distributed``); without them they are read from ``model`` and
     ``optimizer``. The optimizer state is keyed by parameter name either way, so checkpoints
-    move freely between one process and a torchrun group.
+    move freely between one process and a torchrun group. ``rng`` replaces the RNG states of
+    the moment with ones captured earlier (:func:`rng_state`), for a checkpoint of an
+    iteration saved after the next one had begun drawing.
     """
     _check_save_args(keep, state)
-    rng = rng_state()  # before anything below could draw random numbers
+    rng = rng or rng_state()  # before anything below could draw random numbers
     ckpt_dir = Path(run_dir) / CHECKPOINTS_DIR
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     remove_stale_tmp(ckpt_dir)

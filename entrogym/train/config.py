@@ -16,11 +16,20 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from entrogym.agents.config import AgentConfig
+from entrogym.agents.env_workers import (
+    DEFAULT_ENV_MEMORY_MB,
+    DEFAULT_ENV_TIMEOUT_S,
+    DEFAULT_ENV_WORKERS,
+    EnvLimits,
+    check_env_limits,
+)
 from entrogym.algos import AlgorithmConfig
 from entrogym.dtypes import DTypeName
 from entrogym.models import LORA_TARGETS
 from entrogym.train.algo_spec import resolve_algorithm, typed_spec
 from entrogym.train.trackers import NO_TRACKER, parse_report_to
+
+MAX_SEED = 2**32 - 1  # numpy's seed range; every seed the run derives stays within int64
 
 
 @dataclass
@@ -43,6 +52,13 @@ class TrainConfig(AgentConfig):
         early_stop_fraction: share of all rollouts needed before stopping early (paper: 0.9).
         max_env_error_fraction: share of an iteration's episodes that may fail on an env error
             before the run stops (naming the first failure).
+        env_workers: env worker processes running the envs' reset and step (the samples of a
+            task share one); 0 = in the trainer's process, without time or memory limits (for
+            debugging).
+        env_timeout: seconds one env call (reset, step) may take in a worker before its
+            episode fails as an env error and the worker is replaced.
+        env_max_memory_mb: address-space limit of each env worker (MB); an allocation past it
+            fails that env call with MemoryError.
         lr: AdamW learning rate (paper: 5e-5).
         weight_decay: AdamW weight decay (paper: 0.01).
         max_grad_norm: gradient clipping norm (paper: 0.1).
@@ -80,7 +96,9 @@ class TrainConfig(AgentConfig):
         resume: continue the run in ``out`` from its latest complete checkpoint.
         init_adapter: start from this adapter / checkpoint / run folder (sequential training).
         max_bad_steps: stop after this many skipped (NaN/inf) optimizer steps in total.
-        seed: seeds task sampling, rollouts and minibatch order.
+        seed: seeds task sampling, rollouts and minibatch order (0 to 2**32 - 1).
+        shutdown_grace: seconds a run stopped by SIGTERM or Ctrl-C has to finish or abandon
+            its iteration and write a checkpoint before it exits anyway.
     """
 
     env: str = "entrogym/Arithmetic-v0"
@@ -94,6 +112,9 @@ class TrainConfig(AgentConfig):
     early_stop_min_per_task: int = 4
     early_stop_fraction: float = 0.9
     max_env_error_fraction: float = 0.5
+    env_workers: int = DEFAULT_ENV_WORKERS
+    env_timeout: float = DEFAULT_ENV_TIMEOUT_S
+    env_max_memory_mb: int = DEFAULT_ENV_MEMORY_MB
     lr: float = 5e-5
     weight_decay: float = 0.01
     max_grad_norm: float = 0.1
@@ -120,6 +141,7 @@ class TrainConfig(AgentConfig):
     init_adapter: str | None = None
     max_bad_steps: int = 10
     seed: int = 0
+    shutdown_grace: float = 30.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -138,6 +160,38 @@ class TrainConfig(AgentConfig):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         self._check_run_values()
+        self._check_learning_values()
+        self._check_eval_values()
+
+    def _check_learning_values(self) -> None:
+        """Values that would train nothing or fail only later (NaN fails every check)."""
+        if not self.lora_alpha > 0:
+            raise ValueError(f"lora_alpha must be > 0, got {self.lora_alpha}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not self.weight_decay >= 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if not self.max_grad_norm > 0:
+            raise ValueError(f"max_grad_norm must be > 0, got {self.max_grad_norm}")
+        if isinstance(self.seed, bool) or not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"seed must be an integer in [0, {MAX_SEED}], got {self.seed}")
+        if self.max_bad_steps < 0:
+            raise ValueError(f"max_bad_steps must be >= 0, got {self.max_bad_steps}")
+        if not self.shutdown_grace >= 0:
+            raise ValueError(f"shutdown_grace must be >= 0 seconds, got {self.shutdown_grace}")
+        check_env_limits(self.env_workers, self.env_timeout, self.env_max_memory_mb)
+
+    def _check_eval_values(self) -> None:
+        if self.eval_every < 0:
+            raise ValueError(f"eval_every must be >= 0, got {self.eval_every}")
+        if self.eval_samples < 1:
+            raise ValueError(f"eval_samples must be >= 1, got {self.eval_samples}")
+        if self.eval_tasks is not None and self.eval_tasks < 1:
+            raise ValueError(f"eval_tasks must be >= 1 or unset, got {self.eval_tasks}")
+
+    def env_limits(self) -> EnvLimits:
+        """How the run's envs are isolated (``env_workers``, ``env_timeout``, memory)."""
+        return EnvLimits(self.env_workers, self.env_timeout, self.env_max_memory_mb)
 
     def _check_run_values(self) -> None:
         if self.samples < 2:

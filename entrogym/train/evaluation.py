@@ -265,8 +265,11 @@ def run_evaluation(
     seed: int = 0,
     out_dir: str | Path | None = None,
     report_options: dict[str, Any] | None = None,
+    env_workers: Any = None,
+    env_timeout: float | None = None,
 ) -> EvalResult:
     """Roll out ``samples`` episodes of every task of ``plan`` with ``adapter`` and score them.
+    ``env_workers`` / ``env_timeout``: where the envs run (``collect_rollouts``).
 
     Episode ``i`` is reset with ``seed + i``, and sampling is seeded with ``seed`` where the
     engine allows (``Engine.seeded``: the hf engine), so the result does not depend on what
@@ -288,6 +291,8 @@ def run_evaluation(
             early_stop=False,
             env_kwargs=plan.env_kwargs,
             seed=seed,
+            env_workers=env_workers,
+            env_timeout=env_timeout,
         )
     episodes = list(episodes)
     summary = {"split": plan.split, "tasks": len(plan.tasks), "samples": samples,

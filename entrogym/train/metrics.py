@@ -67,10 +67,20 @@ def _scan(data: bytes, path: Path) -> tuple[list[dict[str, Any]], list[int]]:
                 f"{path}: line {lineno} is not JSON ({exc}); the file is damaged before its "
                 "last line. Remove or fix that line."
             ) from exc
+        if not isinstance(row, dict):
+            raise ValueError(
+                f"{path}: line {lineno} is a {_json_kind(row)}, not a JSON object; remove or "
+                "fix that line"
+            )
         end += len(line) + 1
         rows.append(row)
         ends.append(end)
     return rows, ends
+
+
+def _json_kind(value: Any) -> str:
+    kinds = {list: "list", str: "string", bool: "boolean", type(None): "null"}
+    return kinds.get(type(value), "number")
 
 
 def read_metrics(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:

@@ -54,10 +54,10 @@ def load_run(
     rows = read_metrics(path)
     algo = next((str(r["algo"]) for r in rows if r.get("algo")), path.name)
     run = Run(path=path, algo=algo)
-    train = sorted(
-        (r for r in rows if r.get("kind", "train") == "train" and _finite(r.get("entropy"))),
-        key=lambda r: r["iteration"],
+    train = _last_row_per_iteration(
+        path, [(n, r) for n, r in enumerate(rows, start=1) if r.get("kind", "train") == "train"]
     )
+    train = [r for r in train if _finite(r.get("entropy"))]
     for r in train:
         run.entropy[int(r["iteration"])] = float(r["entropy"])
     sums = cumulative_entropy(run.entropy.values())
@@ -65,6 +65,9 @@ def load_run(
         given = r.get("cumulative_entropy")
         run.cumulative[int(r["iteration"])] = float(given) if _finite(given) else computed
     evals = [r for r in rows if r.get("kind") == "eval"]
+    for n, r in enumerate(rows, start=1):
+        if r.get("kind") == "eval":
+            _iteration(path, n, r)  # every eval row names its iteration
     if split is None:
         splits = list(dict.fromkeys(r["split"] for r in evals if "split" in r))
         if len(splits) > 1:
@@ -78,6 +81,36 @@ def load_run(
         if value is not None:
             run.accuracy[int(r["iteration"])] = float(value)
     return run
+
+
+def _iteration(path: Path, line: int, row: dict[str, Any]) -> int:
+    """The row's iteration; a ValueError naming the line when it has none."""
+    it = row.get("iteration")
+    if isinstance(it, bool) or not isinstance(it, int):
+        raise ValueError(
+            f"{path / 'metrics.jsonl'}: line {line} has no integer iteration ({it!r}); "
+            "remove or fix that line"
+        )
+    return it
+
+
+def _last_row_per_iteration(path: Path, numbered: list[tuple[int, dict[str, Any]]]) -> list:
+    """Train rows in iteration order, one per iteration: the last one written (a file may
+    hold repeats, e.g. concatenated from two runs); each repeat is reported on stderr."""
+    lines: dict[int, list[int]] = defaultdict(list)
+    last: dict[int, dict[str, Any]] = {}
+    for line, row in numbered:
+        it = _iteration(path, line, row)
+        lines[it].append(line)
+        last[it] = row
+    for it, where in sorted(lines.items()):
+        if len(where) > 1:
+            print(
+                f"{path / 'metrics.jsonl'}: iteration {it} has {len(where)} train rows (lines "
+                f"{', '.join(map(str, where))}); plotting the last",
+                file=sys.stderr,
+            )
+    return [last[it] for it in sorted(last)]
 
 
 def _cumulative_at(run: Run, iteration: int) -> float:

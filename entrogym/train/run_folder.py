@@ -6,21 +6,27 @@ What a run folder guarantees (``docs/runs.md``, "Run folder safety"):
   whole life and writes its pid into the file. A second trainer on the same folder fails at
   once, naming that pid. The kernel drops the lock when its holder dies, so a killed run
   never blocks the next one.
-- **Only our runs.** A new run writes ``RUN/entrogym-run.json`` before anything else.
-  ``--resume`` refuses a folder that holds files but is not an entrogym run, before touching
-  anything in it. Runs made before the marker existed are recognised by their layout
-  (``config.yaml`` naming env, model and algo, next to ``checkpoints/`` or ``adapters/``).
+- **Only our runs.** A new run writes ``RUN/entrogym-run.json`` before anything else. A new
+  run and ``--resume`` both refuse a folder that holds files but is not an entrogym run,
+  before touching anything in it. Runs made before the marker existed are recognised by
+  their layout (``config.yaml`` naming env, model and algo, next to ``checkpoints/`` or
+  ``adapters/``).
+- **Starting over.** A run that stopped before its first checkpoint learned nothing a new
+  config would contradict: a new start or a ``--resume`` in its folder starts it over, with
+  changed values if need be (its rows are dropped; the history records a ``restart``).
 - **One experiment per folder.** ``--resume`` compares the new config with the run's
   ``config.yaml`` and refuses changes to the experiment, listing them. Extending
   ``iterations`` and changing logging, eval, checkpointing or engine-location knobs is
-  allowed. Every start and resume is appended to ``config_history.jsonl`` with its time and
-  changed fields; ``config.yaml`` is rewritten only when an allowed field changed.
+  allowed. Every start, resume, restart and stop is appended to ``config_history.jsonl``
+  with its time and changed fields, once it has happened; ``config.yaml`` is rewritten only
+  when an allowed field changed.
 - **Bounded adapters.** :func:`prune_adapters` keeps only the adapter versions the engine may
   still read.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -35,6 +41,7 @@ import yaml
 
 from entrogym.atomic import atomic_write_text
 from entrogym.localserver import pid_alive
+from entrogym.yaml_limits import YamlTooLarge, safe_load
 
 MARKER_FILE = "entrogym-run.json"
 LOCK_FILE = ".lock"
@@ -74,6 +81,10 @@ RESUMABLE_FIELDS = frozenset(
         "max_env_error_fraction",
         "micro_batch_size",
         "report_to",
+        "env_workers",
+        "env_timeout",
+        "env_max_memory_mb",
+        "shutdown_grace",
     }
 )
 # Compared through the resolved preset (both config forms), not as raw values; ``resume`` is
@@ -92,6 +103,30 @@ class RunFolderBusy(RunFolderError):
 
 class NothingToDo(Exception):
     """``--resume`` of a run whose checkpoints already cover the asked iterations."""
+
+
+class RunFileError(RuntimeError):
+    """A file or folder of the run could not be written; the message names it and what to do."""
+
+
+def write_error(exc: OSError, what: str) -> RunFileError:
+    """One line naming the path ``exc`` failed on (or ``what``) and what to do next."""
+    path = exc.filename or what
+    if exc.errno == errno.ENOSPC:
+        text = " ".join(str(exc).split())
+        if "No space left on device while" not in text:
+            text = f"no space left on device while writing {path}"
+        return RunFileError(f"{text}; free some space, then continue with --resume")
+    reason = exc.strerror or str(exc)
+    blocker = next(
+        (p for p in (Path(path), *Path(path).parents) if p.exists() and not p.is_dir()), None
+    )
+    if exc.errno in (errno.EEXIST, errno.ENOTDIR) and blocker is not None:
+        path, reason = blocker, "a file is where a folder should be"
+    return RunFileError(
+        f"cannot write {path} ({reason}); make it writable, then continue with --resume "
+        "(the rows already in metrics.jsonl are kept)"
+    )
 
 
 # ----------------------------------------------------------------------------- the lock
@@ -162,11 +197,14 @@ class RunLock:
 
 
 def _read_yaml(path: Path) -> Any:
-    """The YAML in ``path``; None if there is no such file; RunFolderError if unreadable."""
+    """The YAML in ``path``; None if there is no such file; RunFolderError if unreadable or
+    refused by :func:`entrogym.yaml_limits.check_yaml`."""
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
+        return safe_load(path.read_text(encoding="utf-8"), str(path))
     except FileNotFoundError:
         return None
+    except YamlTooLarge as exc:
+        raise RunFolderError(f"{exc}; restore the run's own config.yaml") from exc
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise RunFolderError(f"{path} is unreadable ({exc}); fix or restore it") from exc
 
@@ -196,26 +234,39 @@ def _write_marker(run_dir: Path) -> None:
     atomic_write_text(run_dir / MARKER_FILE, json.dumps(marker, indent=2) + "\n")
 
 
-def _check_usable(run_dir: Path, resume: bool) -> bool:
-    """Refuse a folder we must not write; return whether it holds a run to resume."""
+def has_checkpoint(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a checkpoint folder (intact or not)."""
+    folder = run_dir / "checkpoints"
+    return folder.is_dir() and any(p.name.startswith("iter-") for p in folder.iterdir())
+
+
+def _check_usable(run_dir: Path, resume: bool) -> tuple[bool, bool]:
+    """Refuse a folder we must not write. Returns (whether it holds a run, whether that run
+    has no checkpoint yet: it failed before its first one and may start over)."""
     if run_dir.exists() and not run_dir.is_dir():
         raise RunFolderError(f"--out {run_dir} is a file; pass a folder for the run")
     entries = sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else []
+    others = [name for name in entries if name not in (MARKER_FILE, LOCK_FILE)]
     ours = [name for name in entries if name in RUN_FILES]
-    if not resume:
-        if ours:
+    if others and not is_entrogym_run(run_dir):
+        if resume:
             raise RunFolderError(
-                f"run folder {run_dir} already holds a run ({', '.join(ours)}); pass --resume "
-                "to continue it or --out NEW_DIR to start another"
+                f"--resume: {run_dir} is not an entrogym run folder (no {MARKER_FILE}, no "
+                f"config.yaml with checkpoints/); it holds {', '.join(entries[:8])}. Nothing in "
+                "it was touched; pass the folder of an entrogym run, or a new --out without "
+                "--resume."
             )
-        return False
-    if entries and not is_entrogym_run(run_dir):
         raise RunFolderError(
-            f"--resume: {run_dir} is not an entrogym run folder (no {MARKER_FILE}, no "
-            f"config.yaml with checkpoints/); it holds {', '.join(entries[:8])}. Nothing in it "
-            "was touched; pass the folder of an entrogym run, or a new --out without --resume."
+            f"--out {run_dir} is not empty and not an entrogym run (it holds "
+            f"{', '.join(others[:8])}); nothing in it was touched. Pass a new or empty folder."
         )
-    return bool(entries)
+    restart = bool(ours) and not has_checkpoint(run_dir)
+    if ours and not resume and not restart:
+        raise RunFolderError(
+            f"run folder {run_dir} already holds a run ({', '.join(ours)}); pass --resume "
+            "to continue it or --out NEW_DIR to start another"
+        )
+    return bool(ours), restart
 
 
 # ----------------------------------------------------------------------------- config check
@@ -283,30 +334,44 @@ def _format_diffs(diffs: dict[str, list[Any]]) -> str:
 
 
 class RunFolder:
-    """An opened run folder: checked, locked, with its config recorded."""
+    """An opened run folder: checked, locked, with its config recorded. ``restart``: it holds
+    a run that stopped before its first checkpoint, which starts over (its config may
+    change)."""
 
-    def __init__(self, path: Path, lock: RunLock, saved_config: dict[str, Any] | None) -> None:
+    def __init__(
+        self, path: Path, lock: RunLock, saved_config: dict[str, Any] | None, restart: bool
+    ) -> None:
         self.path = path
         self.lock = lock
         self.saved_config = saved_config
+        self.restart = restart
 
     def record(self, event: str, config: dict[str, Any], **extra: Any) -> None:
-        """Append ``event`` to the history; rewrite ``config.yaml`` only if it changed."""
+        """Rewrite ``config.yaml`` if the config changed, then append ``event`` to the
+        history (so a failed write leaves no record of an event that did not happen). A file
+        that cannot be written is a :class:`RunFileError` naming it."""
         changed = config_differences(self.saved_config, config) if self.saved_config else {}
-        entry = {
-            "event": event,
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "pid": os.getpid(),
-            **extra,
-            "changed": changed,
-        }
-        if self.saved_config is None:
-            entry["config"] = config
-        with open(self.path / HISTORY_FILE, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(entry, default=str) + "\n")
         if self.saved_config is None or changed:
-            atomic_write_text(self.path / CONFIG_FILE, yaml.safe_dump(config))
-            self.saved_config = config
+            try:
+                atomic_write_text(self.path / CONFIG_FILE, yaml.safe_dump(config))
+            except OSError as exc:
+                raise write_error(exc, str(self.path / CONFIG_FILE)) from exc
+        entry: dict[str, Any] = {**extra, "changed": changed}
+        if self.saved_config is None or self.restart:
+            entry["config"] = config
+        self.record_event(event, **entry)
+        self.saved_config = config
+
+    def record_event(self, event: str, **fields: Any) -> None:
+        """Append one line to ``config_history.jsonl`` (RunFileError if it cannot be)."""
+        entry = {"event": event, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                 "pid": os.getpid(), **fields}  # fmt: skip
+        path = self.path / HISTORY_FILE
+        try:
+            with open(path, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(entry, default=str) + "\n")
+        except OSError as exc:
+            raise write_error(exc, str(path)) from exc
 
     def release(self) -> None:
         self.lock.release()
@@ -327,12 +392,15 @@ def open_run_folder(run_dir: str | os.PathLike[str], config: dict[str, Any], *, 
     except OSError as exc:
         raise RunFolderError(f"--out {run_dir} is not writable ({exc})") from exc
     try:
-        has_run = _check_usable(run_dir, resume)  # again under the lock: a writer may have
-        # finished a run here between the first check and the lock
+        has_run, restart = _check_usable(run_dir, resume)  # again under the lock: a writer
+        # may have finished a run here between the first check and the lock
         saved = _read_yaml(run_dir / CONFIG_FILE) if has_run else None
         if saved is not None and not isinstance(saved, dict):
             raise RunFolderError(f"{run_dir / CONFIG_FILE} is not a mapping; fix or remove it")
-        refused = refused_changes(config_differences(saved, config)) if saved else {}
+        # a run without a checkpoint learned nothing that a changed config would contradict
+        refused = (
+            refused_changes(config_differences(saved, config)) if saved and not restart else {}
+        )
         if refused:
             raise RunFolderError(
                 f"--resume: this config differs from the run in {run_dir} in fields that "
@@ -343,7 +411,7 @@ def open_run_folder(run_dir: str | os.PathLike[str], config: dict[str, Any], *, 
     except BaseException:
         lock.release()
         raise
-    return RunFolder(run_dir, lock, saved)
+    return RunFolder(run_dir, lock, saved, restart)
 
 
 # ----------------------------------------------------------------------------- adapters

@@ -6,6 +6,7 @@ no math of its own; every formula is a named function in ``entrogym.algos``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import random
@@ -21,7 +22,13 @@ import torch
 
 from entrogym.agents.agent import LLMAgent
 from entrogym.agents.engines import Engine, SamplingParams, make_engine
-from entrogym.agents.rollout import check_env_errors, collect_rollouts
+from entrogym.agents.env_workers import check_portable, shared_env_workers
+from entrogym.agents.rollout import (
+    EnvErrorBudgetExceeded,
+    RolloutsInterrupted,
+    check_env_errors,
+    collect_rollouts,
+)
 from entrogym.algos import EntropyControl, UpdateBatch, micro_batches, policy_update
 from entrogym.envs.base import make_text_env, task_ids_of
 from entrogym.train import distributed
@@ -34,6 +41,7 @@ from entrogym.train.checkpoint import (
     load_checkpoint,
     read_meta,
     read_training_state,
+    rng_state,
     save_checkpoint,
     set_rng_state,
 )
@@ -47,11 +55,14 @@ from entrogym.train.policy import LoraSettings, load_policy, save_adapter, train
 from entrogym.train.precision import apply_threads, loss_scaler_for, resolve_dtype
 from entrogym.train.run_folder import (
     NothingToDo,
+    RunFileError,
     RunFolder,
     adapter_folder,
     open_run_folder,
     prune_adapters,
+    write_error,
 )
+from entrogym.train.shutdown import Interrupted, ShutdownRequest
 from entrogym.train.state import TrainState
 from entrogym.train.trackers import Trackers, parse_report_to
 
@@ -81,6 +92,10 @@ class Trainer:
         self.logger: MetricsLogger | None = None
         self.engine, self._owns_engine = engine, engine is None
         self.phases = PhaseClock(hooks)
+        self.shutdown = ShutdownRequest(cfg.shutdown_grace)  # armed by train() around fit()
+        self.saved: int | None = None  # the iteration of the newest checkpoint on disk
+        # envs run in worker processes shared by this process's runs (0: in this process)
+        self.env_workers = shared_env_workers(cfg.env_limits()) if cfg.env_workers else 0
         self.algo = cfg.algorithm()  # a bad preset is a config error: before the folder
         self.tasks = self._task_ids()  # so is a split smaller than tasks_per_iter
         self.eval_plan = self._plan_evaluation()  # and a bad eval split or eval env
@@ -121,8 +136,10 @@ class Trainer:
         if resume_from is not None:
             self._restore_training_state(resume_from)
         if self.ranks.main:
-            self.logger = self._metrics_logger(resume_rows, resumed=resume_from is not None)
-            event = "start" if resume_from is None else "resume"
+            restart = self.folder.restart  # a run that stopped before its first checkpoint
+            rows = 0 if restart else resume_rows
+            self.logger = self._metrics_logger(rows, resumed=resume_from is not None)
+            event = "restart" if restart else "start" if resume_from is None else "resume"
             self.folder.record(event, self.cfg.to_dict(), from_iteration=self.state.start)
 
     # ----- setup ----------------------------------------------------------------------------
@@ -162,6 +179,8 @@ class Trainer:
         return None if value is None else Path(value)
 
     def _task_ids(self) -> list[str]:
+        if self.cfg.env_workers:
+            check_portable(self.cfg.env)  # before any model loads
         env = make_text_env(self.cfg.env, **self.cfg.env_kwargs)
         tasks = task_ids_of(env, self.cfg.split)
         env.close()
@@ -247,6 +266,7 @@ class Trainer:
                 continue
             self.state = TrainState.from_dict(state)
             self.control.load_state_dict(self.state.control)
+            self.saved = state["iteration"]
             self._say(
                 f"entrogym train: resuming {self.run_dir} after iteration {state['iteration']}"
             )
@@ -268,24 +288,36 @@ class Trainer:
     # ----- the loop -------------------------------------------------------------------------
 
     def fit(self) -> None:
+        """Train to ``iterations``. Once ``self.shutdown`` saw SIGTERM / SIGINT (armed by
+        :func:`train`), the iteration in progress is finished (an update) or abandoned
+        (rollouts), a checkpoint of the last completed iteration is written, and
+        :class:`~entrogym.train.shutdown.Interrupted` is raised."""
         cfg = self.cfg
         if self._policy_device().type == "cuda":  # phase timings wait for queued GPU work
             self.phases.sync = torch.cuda.synchronize
         self.publish_adapter(self.state.start)
         for it in progress(range(self.state.start, cfg.iterations), desc="iterations", unit="iter"):
             t0 = time.perf_counter()
-            row = self.iteration(it)
-            with self.phases.time("publish"):
-                self.publish_adapter(it + 1)  # the updated weights: next rollouts, eval, checkpoint
-            row["phases_s"] = self.phases.take()
-            row["iteration_s"] = time.perf_counter() - t0
+            rng_at_start = rng_state()  # what a checkpoint of it - 1 holds
+            try:
+                row = self.iteration(it)
+            except RolloutsInterrupted:  # nothing of iteration it was applied: save it - 1
+                raise self._interrupted(it - 1, rng=rng_at_start) from None
             self.state.iteration = it
-            self._log(row, it)
+            try:
+                with self.phases.time("publish"):
+                    self.publish_adapter(it + 1)  # the updated weights: rollouts, eval, ckpt
+            finally:  # the row is written even when the adapter could not be
+                row["phases_s"] = self.phases.take()
+                row["iteration_s"] = time.perf_counter() - t0
+                self._log(row, it)
             self._say(summary_line(row))
             improved = False
+            stopping = self._stop_requested()  # then an evaluation would only delay the stop
             if (
                 cfg.eval_env
                 and cfg.eval_every
+                and not stopping
                 and (it % cfg.eval_every == 0 or it == cfg.iterations - 1)
             ):
                 eval_row = self.evaluate(it)
@@ -294,6 +326,8 @@ class Trainer:
                 score = eval_row["pass@1"] if eval_row["env_errors"] == 0 else None
                 improved = score is not None and score > self.state.best
                 self.state.best = max(self.state.best, score) if improved else self.state.best
+            if stopping or self._stop_requested():
+                raise self._interrupted(it, best=improved)
             if (it + 1) % cfg.checkpoint_every == 0 or it == cfg.iterations - 1 or improved:
                 self.checkpoint(it, best=improved)
             if self.state.bad_steps > cfg.max_bad_steps:
@@ -301,6 +335,17 @@ class Trainer:
                     f"{self.state.bad_steps} optimizer steps were skipped for non-finite losses "
                     f"or gradients (max_bad_steps={cfg.max_bad_steps}); lower lr or use dtype fp32"
                 )
+
+    def _stop_requested(self) -> bool:
+        """Whether a signal asked the run to stop (rank 0 decides for a torchrun group)."""
+        return bool(distributed.on_main(self.shutdown.requested, self.ranks))
+
+    def _interrupted(self, it: int, best: bool = False, rng: dict[str, Any] | None = None):
+        """Checkpoint iteration ``it`` unless it is on disk already, and the exception that
+        ends the run."""
+        if it >= 0 and self.saved != it:
+            self.checkpoint(it, best=best, rng=rng)
+        return self.shutdown.interrupted(None if it < 0 else f"iter-{it:06d}")
 
     def _log(self, row: dict[str, Any] | None, it: int) -> None:
         if self.logger is not None and row is not None:
@@ -313,8 +358,11 @@ class Trainer:
         weights = distributed.gathered_adapter(self.policy, self.ranks)  # collective under torchrun
         folder = adapter_folder(self.run_dir, version)
         if self.ranks.main:
-            save_adapter(self.policy, folder, weights)
-            prune_adapters(self.run_dir, version)  # disk stays bounded however long the run
+            try:
+                save_adapter(self.policy, folder, weights)
+                prune_adapters(self.run_dir, version)  # disk stays bounded however long the run
+            except OSError as exc:
+                raise write_error(exc, str(folder)) from exc
         self.adapter = folder
 
     def collect(self, it: int) -> tuple[Batch, dict[str, Any]]:
@@ -335,6 +383,10 @@ class Trainer:
             min_done_fraction=cfg.early_stop_fraction,
             env_kwargs=cfg.env_kwargs,
             seed=cfg.seed * 1_000_003 + it * len(tasks) * cfg.samples,
+            env_workers=self.env_workers,
+            env_timeout=cfg.env_timeout,
+            # under torchrun, rank 0 alone collects: a stop is only taken between iterations
+            should_stop=None if self.ranks.distributed else self.shutdown.requested,
         )
         # An env that raises or breaks its contract fails its episode (logged once per message);
         # past the allowed share the run stops, naming the first failure.
@@ -495,12 +547,14 @@ class Trainer:
             plan = self.eval_plan or self._plan_evaluation()
             result = run_evaluation(self.engine, self.agent, plan, samples=cfg.eval_samples,
                                     adapter=str(self.adapter), temperature=cfg.temperature,
-                                    seed=cfg.seed)  # fmt: skip
+                                    seed=cfg.seed, env_workers=self.env_workers,
+                                    env_timeout=cfg.env_timeout)  # fmt: skip
             return {"kind": "eval", "iteration": it, "env": cfg.eval_env, **result.summary}
 
         return distributed.on_main(run, self.ranks)
 
-    def checkpoint(self, it: int, best: bool = False) -> None:
+    def checkpoint(self, it: int, best: bool = False, rng: dict[str, Any] | None = None) -> None:
+        """Write checkpoint ``it`` (rank 0). ``rng``: the RNG states to store (default: now)."""
         gathered = {}
         if self.ranks.distributed:  # collectives: every rank takes part, rank 0 writes
             gathered = {
@@ -513,17 +567,31 @@ class Trainer:
             return
         self.state.control = self.control.state_dict()
         self.state.metrics_rows = self.logger.rows
-        save_checkpoint(
-            self.run_dir,
-            it,
-            model=self.policy,
-            optimizer=self.optimizer,
-            scaler=self.scaler,
-            state=self.state.to_dict(),
-            base_model=self.cfg.model,
-            best=best,
-            **gathered,
-        )
+        try:
+            save_checkpoint(
+                self.run_dir,
+                it,
+                model=self.policy,
+                optimizer=self.optimizer,
+                scaler=self.scaler,
+                state=self.state.to_dict(),
+                base_model=self.cfg.model,
+                best=best,
+                rng=rng,
+                **gathered,
+            )
+        except OSError as exc:
+            raise write_error(exc, str(self.run_dir / "checkpoints")) from exc
+        self.saved = it
+
+    def record_stop(self, exc: BaseException) -> None:
+        """Append why the run stopped to the history (best effort: the error itself may be
+        that the folder cannot be written)."""
+        if self.folder is None or not self.ranks.main:
+            return
+        event = "interrupted" if isinstance(exc, Interrupted) else "stopped"
+        with contextlib.suppress(RunFileError):
+            self.folder.record_event(event, saved_iteration=self.saved, reason=str(exc))
 
     def close(self, barrier: bool = True) -> None:
         """Close the metrics, the engine this trainer started, and release the run folder.
@@ -554,9 +622,15 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+# What ends a run early with a one-line message (exit code 1 from the command).
+STOPS = (TrainingStopped, EnvErrorBudgetExceeded, RunFileError)
+
+
 def train(cfg: TrainConfig) -> Path:
     """Run ``cfg`` to the end; returns the run folder. A ``--resume`` whose checkpoints already
-    cover ``iterations`` says "nothing to do" and changes nothing."""
+    cover ``iterations`` says "nothing to do" and changes nothing. A run that stops early
+    (:data:`STOPS`, or :class:`~entrogym.train.shutdown.Interrupted` on a signal) records why
+    in ``config_history.jsonl`` and raises."""
     try:
         trainer = Trainer(cfg)
     except NothingToDo as done:
@@ -564,7 +638,11 @@ def train(cfg: TrainConfig) -> Path:
             print(done, flush=True)
         return Path(cfg.out)
     try:
-        trainer.fit()
+        with trainer.shutdown:  # SIGTERM / SIGINT: checkpoint, then Interrupted
+            trainer.fit()
+    except (*STOPS, Interrupted) as exc:
+        trainer.record_stop(exc)
+        raise
     finally:
         trainer.close()
         if trainer.ranks.distributed:

@@ -14,12 +14,8 @@ from typing import Any
 import gymnasium as gym
 import pytest
 
-from entrogym.agents.agent import LLMAgent
-from entrogym.agents.engines import make_engine
 from entrogym.agents.rollout import EnvErrorBudgetExceeded, check_env_errors, collect_rollouts
 from entrogym.envs import UnicodeText
-
-MODEL = "tiny-random-llama"
 
 
 class Faulty(gym.Env):
@@ -48,19 +44,6 @@ class Faulty(gym.Env):
             return {"text": "not a string"}, 1.0, True, False, {"success": True}
         reward = {"huge": 1e6, "nan": math.nan, "inf": -math.inf}[self.fault]
         return "done", reward, True, False, {"success": False}
-
-
-@pytest.fixture(scope="module")
-def engine():
-    eng = make_engine("hf", MODEL, dtype="fp32", max_model_len=256, seed=0)
-    yield eng
-    eng.close()
-
-
-@pytest.fixture(scope="module")
-def agent():
-    # 3 tokens never end a turn of the random model: the cut action is sent to the env
-    return LLMAgent.from_model(MODEL, max_turn_tokens=3, max_context=256, on_turn_budget="step")
 
 
 def _collect(engine, agent, fault: str, **kwargs: Any):

@@ -21,15 +21,7 @@ from entrogym.train.trainer import train
 
 REPO = Path(__file__).resolve().parents[2]
 ITERATIONS = 4
-TINY = {
-    **vowel_env.TINY_RUN,
-    "samples": 3,
-    "early_stop_min_per_task": 3,
-    "micro_batch_size": 4,
-    "lr": 1e-2,
-    "max_grad_norm": 1.0,
-    "checkpoint_every": 1,
-}
+TINY = {**vowel_env.RESUMABLE_RUN, "checkpoint_every": 1}
 # The CLI, with an optional SIGKILL of itself right after the KILL_IN_SAVE-th checkpoint's
 # files are written and fsynced, before the folder is renamed into place.
 LAUNCH = """

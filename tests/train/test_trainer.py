@@ -173,7 +173,7 @@ def test_bad_input_is_named(tmp_path):
         parse_config(["--no-such-option", "1"])
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "metrics.jsonl").write_text(json.dumps({"iteration": 0}) + "\n")
-    with pytest.raises(ValueError, match="--resume"):
+    with pytest.raises(ValueError, match="not empty and not an entrogym run"):
         train(TrainConfig(env="test/Vowel-v0", out=str(tmp_path / "used"), **SMALL))
 
 

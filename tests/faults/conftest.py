@@ -1,0 +1,25 @@
+"""Fixtures the fault tests share: the tiny random Llama on the ``hf`` engine and an agent
+whose turns never end by themselves (3 tokens: the cut action is sent to the env)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from entrogym.agents.agent import LLMAgent
+from entrogym.agents.engines import Engine, make_engine
+
+MODEL = "tiny-random-llama"
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[Engine]:
+    eng = make_engine("hf", MODEL, dtype="fp32", max_model_len=256, seed=0)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def agent() -> LLMAgent:
+    return LLMAgent.from_model(MODEL, max_turn_tokens=3, max_context=256, on_turn_budget="step")
