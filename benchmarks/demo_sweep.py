@@ -1,11 +1,13 @@
-"""The LLM demo's sweep (docs/demo.md): one training run per cell, one at a time.
+"""The LLM demo's sweep (docs/demo.md): one training run per cell, ``--jobs`` at a time.
 
 Each cell is the demo's TrainConfig (``entrogym.demo.demo_config``: SmolLM2-135M-Instruct,
 one-digit arithmetic, 6 tasks x 4 samples, 48 response tokens) with its own preset, knobs,
 learning rate, iteration count and seed. Every finished run appends one JSON line to
-``OUT/sweep.jsonl``: the settings, the per-iteration entropy, reward and zeta / eps_high, the
-held-out accuracy rows, and the wall time. Cells already in the file are skipped, so a sweep
-can be stopped and continued without rerunning anything.
+``OUT/sweep.jsonl``: the settings, the per-iteration entropy, target, lever coefficient and
+reward, ``tracking_error`` (mean |H / H_target - 1| over the second half), ``max_excursion``
+(the largest |H / H_target - 1| from the 3rd iteration on), the held-out accuracy rows, the
+wall time and the load average. Cells already in the file are skipped, so a sweep can be
+stopped and continued without rerunning anything.
 
     nice -n 10 .venv/bin/python benchmarks/demo_sweep.py --out runs/demo-sweep \\
         --cell "grpo --lr 1e-3 --iters 15 --seed 0" \\
@@ -20,8 +22,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
+
+# The goal's excursion counts from the 3rd iteration on (docs/demo.md).
+FIRST_TRACKED = 2
+COEFFICIENTS = ("zeta", "beta", "eps_high", "kl_coef", "clip_cov_ratio")
 
 CELL_KEYS = ("lr", "iters", "seed", "engine", "eval_tasks", "threads")
 
@@ -66,75 +75,124 @@ def cell_name(cell: dict[str, Any]) -> str:
 
 def run_cell(cell: dict[str, Any], out: Path) -> dict[str, Any]:
     """Train one cell through the demo's own runner (``train_one``); its per-iteration record,
-    with the controller and timing columns the sweep's tables also show."""
+    with the tracking, controller and timing columns the sweep's tables show."""
     from entrogym.demo import demo_config, train_one
     from entrogym.train.metrics import read_metrics
+    from entrogym.train.tracking import max_excursion, tracking_error
 
     name = cell_name(cell)
-    # eval_tasks=0: no held-out eval, the sweep's budget goes to iterations
     cfg = demo_config(cell["algo"], out / "runs", cell["iters"], cell["lr"], cell["eval_tasks"],
                       seed=cell["seed"], engine=cell["engine"], name=name,
                       threads=cell["threads"])  # fmt: skip
     run = train_one(cfg)
     rows = read_metrics(Path(run["folder"]))
     rows_t = [r for r in rows if r.get("kind", "train") == "train"]
-    per_iteration = ("eps_high", "clip_frac_high", "rollout_s", "update_s", "tokens_per_s")
+    entropy = [r["entropy"] for r in rows_t]
+    target = [r["entropy_target"] for r in rows_t]
+    lever = cfg.algorithm().lever.name
+    coefficient = next((k for k in COEFFICIENTS if rows_t[0].get(k) is not None and
+                        (k != "eps_high" or lever == "clip-high")), None)  # fmt: skip
+    per_iteration = ("clip_frac_high", "zero_adv_groups", "response_tokens_mean", "iteration_s")
     return {
         "name": name,
         **cell,
-        **{k: run[k] for k in ("wall_s", "entropy", "entropy_ratio", "reward", "zeta")},
-        "entropy_min_ratio": min(run["entropy"]) / run["entropy"][0],
+        "wall_s": run["wall_s"],
+        "load_avg_end": os.getloadavg()[0],
+        "entropy": entropy,
+        "entropy_target": target,
+        "tracking_error": tracking_error(entropy, target),
+        "max_excursion": max_excursion(entropy, target, start=FIRST_TRACKED),
+        "entropy_ratio": entropy[-1] / entropy[0],
+        "reward": [r["reward_mean"] for r in rows_t],
+        "coefficient": coefficient,
+        "coefficients": [r.get(coefficient) for r in rows_t] if coefficient else [],
         **{key: [r.get(key) for r in rows_t] for key in per_iteration},
         "accuracy": {int(r["iteration"]): r["pass@1"] for r in rows if r.get("kind") == "eval"},
     }
 
 
+def _run_in_worker(cell: dict[str, Any], out: str) -> dict[str, Any]:
+    return run_cell(cell, Path(out))
+
+
+def label_of(cell: dict[str, Any]) -> str:
+    from entrogym.train.algo_spec import label
+
+    return label(cell["algo"]).replace("--algo.", "")
+
+
 def table(log: Path) -> str:
-    """The sweep as a markdown table (docs/demo.md), one row per finished run."""
-    lines = ["| run | lr | iters | seed | entropy first -> last (min) | ratio | zeta first -> last "
-             "| reward first -> last | accuracy after iter 1 -> last | wall s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    """The sweep as a markdown table (docs/demo.md), one row per finished run, in run order."""
+    lines = ["| run | lr | iters | seed | entropy first -> last (min, max) | tracking error | "
+             "max excursion (3rd iter on) | coefficient first -> last | reward first -> last | "
+             "held-out accuracy after iter 1 -> last | wall s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for line in log.open():
         r = json.loads(line)
-        knobs = ", ".join(f"{k}={_shown(v)}" for k, v in r["algo"].items() if k != "name")
-        label = r["algo"]["name"] + (f" ({knobs})" if knobs else "")
-        e, z, acc = r["entropy"], r["zeta"], list(r["accuracy"].values())
-        zeta = f"{z[0]:.3g} -> {z[-1]:.3g}" if z[0] is not None else "-"
+        e, c, acc = r["entropy"], r.get("coefficients") or [], list(r["accuracy"].values())
+        coef = f"{r['coefficient']} {c[0]:.3g} -> {c[-1]:.3g}" if c and c[0] is not None else "-"
         accuracy = f"{acc[0]:.3f} -> {acc[-1]:.3f}" if acc else "not measured"
         lines.append(
-            f"| {label} | {r['lr']:g} | {r['iters']} | {r['seed']} | {e[0]:.3f} -> {e[-1]:.3f} "
-            f"({min(e):.3f}) | {r['entropy_ratio']:.2f} | {zeta} | {r['reward'][0]:.2f} -> "
-            f"{r['reward'][-1]:.2f} | {accuracy} | {r['wall_s']:.0f} |"
+            f"| {label_of(r)} | {r['lr']:g} | {r['iters']} | {r['seed']} | {e[0]:.3f} -> "
+            f"{e[-1]:.3f} ({min(e):.3f}, {max(e):.3f}) | {r['tracking_error']:.3f} | "
+            f"{r['max_excursion']:.3f} | {coef} | {r['reward'][0]:.2f} -> {r['reward'][-1]:.2f} | "
+            f"{accuracy} | {r['wall_s']:.0f} |"
         )
     return "\n".join(lines)
+
+
+def traces(log: Path) -> str:
+    """Per-iteration entropy / target and the coefficient of every run (docs/demo.md)."""
+    out = []
+    for line in log.open():
+        r = json.loads(line)
+        ratios = " ".join(
+            f"{h / t:.2f}" for h, t in zip(r["entropy"], r["entropy_target"], strict=True)
+        )
+        out.append(f"{label_of(r)}, lr {r['lr']:g}, seed {r['seed']}: H/H* {ratios}")
+        if r.get("coefficients") and r["coefficients"][0] is not None:
+            coefs = " ".join(f"{c:.3g}" for c in r["coefficients"])
+            out.append(f"    {r['coefficient']}: {coefs}")
+    return "\n".join(out)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="sweep folder (sweep.jsonl, runs/)")
-    parser.add_argument("--cell", action="append", default=[], help="preset:key=value:...")
+    parser.add_argument(
+        "--cell",
+        action="append",
+        default=[],
+        help='"PRESET [--algo... options] [--lr X --iters N --seed S ...]"',
+    )
+    parser.add_argument("--jobs", type=int, default=1, help="cells run side by side")
     parser.add_argument("--table", action="store_true", help="print OUT/sweep.jsonl as markdown")
+    parser.add_argument("--traces", action="store_true", help="print per-iteration traces")
     args = parser.parse_args()
     out = Path(args.out)
-    if args.table:
-        print(table(out / "sweep.jsonl"))
+    if args.table or args.traces:
+        print(table(out / "sweep.jsonl") if args.table else traces(out / "sweep.jsonl"))
         return
     out.mkdir(parents=True, exist_ok=True)
     log = out / "sweep.jsonl"
     done = {json.loads(line)["name"] for line in log.open()} if log.exists() else set()
-    for cell in map(parse_cell, args.cell):
-        if cell_name(cell) in done:
-            print(f"skip {cell_name(cell)} (in {log})", flush=True)
-            continue
-        record = run_cell(cell, out)
-        with log.open("a") as f:
-            f.write(json.dumps(record) + "\n")
-        print(
-            f"{record['name']}: entropy {record['entropy'][0]:.3f} -> {record['entropy'][-1]:.3f}"
-            f" (ratio {record['entropy_ratio']:.2f}), reward {record['reward'][-1]:.2f},"
-            f" accuracy {record['accuracy']}, wall {record['wall_s']:.0f} s",
-            flush=True,
-        )
+    cells = [c for c in map(parse_cell, args.cell) if cell_name(c) not in done]
+    for name in {cell_name(c) for c in map(parse_cell, args.cell)} & done:
+        print(f"skip {name} (in {log})", flush=True)
+    with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn"),
+                             max_tasks_per_child=1) as pool:  # fmt: skip
+        futures = [pool.submit(_run_in_worker, cell, str(out)) for cell in cells]
+        for future in as_completed(futures):
+            record = future.result()
+            with log.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+            print(
+                f"{record['name']}: entropy {record['entropy'][0]:.3f} -> "
+                f"{record['entropy'][-1]:.3f}, tracking {record['tracking_error']:.3f}, max "
+                f"excursion {record['max_excursion']:.3f}, reward {record['reward'][-1]:.2f}, "
+                f"accuracy {record['accuracy']}, wall {record['wall_s']:.0f} s",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

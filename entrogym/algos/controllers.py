@@ -355,7 +355,7 @@ class PIParams(ControllerParams):
         deadband: relative errors within +-deadband count as 0 (no action near the target).
     """
 
-    kp: float = 0.5
+    kp: float = 0.3
     ki: float = 0.1
     deadband: float = 0.0
 

@@ -12,6 +12,7 @@ import numpy as np
 from entrogym.algos import ALGORITHMS, AlgorithmConfig
 from entrogym.atomic import atomic_path, atomic_write_text
 from entrogym.train.algo_spec import parse_label
+from entrogym.train.tracking import max_excursion, tracking_error
 
 # REPO-R and ADAPO should hold entropy near the target: final within this share of the initial.
 HOLD_TOLERANCE = 0.25
@@ -33,12 +34,14 @@ def target_entropies(config: AlgorithmConfig | None, initial: np.ndarray) -> np.
 
 def tracking(entropy: np.ndarray, target: np.ndarray) -> tuple[float, float]:
     """(``tracking_error``, ``max_excursion``) of ``entropy[seeds, 1 + iters]`` (column 0 the
-    initial policy) against ``target[seeds]``: the mean over seeds, and the max over seeds, of
-    |H_t / H_target - 1| over the second half of the iterations (mean and max over t)."""
-    iters = entropy.shape[1] - 1
-    half = entropy[:, 1 + iters // 2 :]
-    deviation = np.abs(half / target[:, None] - 1.0)
-    return float(deviation.mean(axis=1).mean()), float(deviation.max())
+    initial policy) against ``target[seeds]``: the mean over seeds of each seed's tracking
+    error, and the largest deviation of any seed, both over the second half of the iterations
+    (``entrogym.train.tracking``)."""
+    errors, excursions = [], []
+    for curve, aim in zip(entropy[:, 1:], target, strict=True):
+        errors.append(tracking_error(curve.tolist(), float(aim)))
+        excursions.append(max_excursion(curve.tolist(), float(aim)))
+    return float(np.mean(errors)), float(max(excursions))
 
 
 def _configs(lab: Any) -> dict[str, AlgorithmConfig]:
