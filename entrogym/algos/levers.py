@@ -78,6 +78,10 @@ class Lever:
     # The controller a preset without a lever gets with this lever; None: ``paper`` for a
     # coefficient that may be negative, ``fixed`` for one that may not.
     default_controller: ClassVar[str | None] = None
+    # Knobs a controller takes for this lever unless the user sets them, by controller name:
+    # where the lever's own range or sensitivity differs from the one the controller's
+    # defaults were chosen for (docs/bandit.md, the regime map).
+    controller_knobs: ClassVar[dict[str, dict[str, Any]]] = {}
 
     @classmethod
     def controller_by_default(cls) -> str:
@@ -188,6 +192,10 @@ class RepoR(RepoLever):
     """REPO-R: multiplicative per-token reshaping of the advantages (appendix "REPO-R")."""
 
     coefficient = Coefficient("zeta", init=1e-3, min=1e-4, max=0.05)
+    # 0.05 is the paper's cap for its doubling rule; pi needs room above it (REPO-R saturates
+    # there when the lr is low) and, as REPO-R moves entropy less per unit zeta than REPO-D,
+    # stronger gains: the regime map's best on the bandit (docs/bandit.md).
+    controller_knobs = {"pi": {"kp": 1.0, "ki": 1.0, "max": 2.0}}
     formula = staticmethod(repo_r)
 
 

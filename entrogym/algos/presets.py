@@ -228,4 +228,13 @@ def _controller(
     if start is None:
         default = LEVERS.get(lever.name).controller_by_default()
         start = Part(default, CONTROLLERS.params(default))
-    return start if given is None else _chosen("controller", start, given, coerce)
+    if given is None:
+        return start
+    chosen = _chosen("controller", start, given, coerce)
+    suggested = LEVERS.get(lever.name).controller_knobs.get(chosen.name)
+    if chosen.name == start.name or not suggested:
+        return chosen
+    # another controller for this lever: the lever's suggested knobs, where the user set none
+    _, set_here = split_part("controller", given)
+    knobs = {**suggested, **{k: getattr(chosen.params, k) for k in set_here}}
+    return Part(chosen.name, CONTROLLERS.params(chosen.name, knobs))

@@ -252,6 +252,10 @@ def algo_help() -> str:
         for name, own in knobs.items():
             lines.append(f"    {name}: {_summary(registry.get(name))}")
             lines += [_knob_line(kind, k, v) for k, v in own.items() if k not in shared]
+            suggested = getattr(registry.get(name), "controller_knobs", {})
+            for controller, values in suggested.items():  # a lever's own controller defaults
+                given = ", ".join(f"{k} {v!r}" for k, v in values.items())
+                lines.append(f"      with {OPTION}.controller {controller}: {given} unless set")
     return "\n".join(lines)
 
 

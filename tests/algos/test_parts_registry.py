@@ -123,6 +123,22 @@ def test_a_lever_added_or_swapped_keeps_a_controller():
     assert removed.controller is None
 
 
+def test_a_lever_suggests_its_controller_knobs_and_the_user_overrides_them():
+    chosen = build_algorithm({"name": "repo-r", "controller": "pi"})
+    assert LEVERS.get("repo-r").controller_knobs["pi"] == {"kp": 1.0, "ki": 1.0, "max": 2.0}
+    p = chosen.controller.params
+    assert (p.kp, p.ki, p.max, p.deadband) == (1.0, 1.0, 2.0, 0.0)
+    assert EntropyControl(chosen).controller.bounds() == (-2.0, 2.0)
+    mixed = build_algorithm({"name": "repo-r", "controller": {"name": "pi", "kp": 0.3}})
+    assert (mixed.controller.params.kp, mixed.controller.params.ki) == (0.3, 1.0)
+    # a lever without suggestions keeps the controller's own defaults
+    plain = build_algorithm({"name": "repo-d", "controller": "pi"}).controller.params
+    assert (plain.kp, plain.ki, plain.max) == (0.3, 0.1, None)
+    # the preset's own controller, with knobs changed, takes no suggestion
+    paper = build_algorithm({"name": "repo-r", "controller": {"factor": 1.5}}).controller
+    assert (paper.name, paper.params.max) == ("paper", None)
+
+
 @pytest.mark.parametrize("preset", list(OLD_STATES))
 def test_control_state_of_old_checkpoints_loads(preset):
     old = json.loads(json.dumps(OLD_STATES[preset]))  # checkpoints store it as JSON
