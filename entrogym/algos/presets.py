@@ -187,7 +187,12 @@ def build_algorithm(
     values = dict(spec)
     if "name" not in values:
         raise ValueError(f"algo: name the preset (algo.name); presets: {', '.join(ALGORITHMS)}")
-    base = preset(values.pop("name"))
+    name = values.pop("name")
+    if not isinstance(name, str):
+        raise ValueError(
+            f"algo.name must be a preset's name, got {name!r}; presets: {', '.join(ALGORITHMS)}"
+        )
+    base = preset(name)
     unknown = [k for k in values if k not in UPDATE_KNOBS and k not in PART_REGISTRIES]
     if unknown:
         raise ValueError(

@@ -26,8 +26,8 @@ from dataclasses import fields
 from typing import Any, Literal, get_args, get_origin
 
 import docstring_parser
-import yaml
 
+from entrogym import yaml_limits
 from entrogym.algos import (
     ALGORITHMS,
     PART_REGISTRIES,
@@ -101,7 +101,7 @@ def _whole(value: str) -> dict[str, Any]:
     """``--algo NAME`` or ``--algo '{name: ..., ...}'`` (a YAML flow mapping)."""
     text = value.strip()
     if text.startswith("{"):
-        loaded = yaml.safe_load(text)
+        loaded = yaml_limits.safe_load(text, f"{OPTION} {value!r}")  # bounded: no alias bombs
         if not isinstance(loaded, dict):
             raise ValueError(f"{OPTION}: cannot read {value!r} as a mapping")
         return loaded

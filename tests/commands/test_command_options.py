@@ -81,6 +81,12 @@ def test_algorithm_options_on_the_command_line_and_in_yaml(tmp_path: Path) -> No
     assert parse_config(["--config", str(old), "--algo.epochs", "3"]).algorithm().epochs == 3
 
 
+# 9 ** 7 nodes once its aliases expand, in 200 characters
+ALIAS_BOMB = "[&a [x,x,x,x,x,x,x,x,x], " + ", ".join(
+    f"&{b} [{', '.join([f'*{a}'] * 9)}]" for a, b in zip("abcde", "bcdef")
+) + ", [" + ", ".join(["*f"] * 9) + "]]"
+
+
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
@@ -104,6 +110,8 @@ def test_algorithm_options_on_the_command_line_and_in_yaml(tmp_path: Path) -> No
         (["--algo", "repo-d", "--algo.loss.eps-low", "-1"], "eps_low must be in [0, 1)"),
         (["--algo", "repo-d", "--algo.controller.kp", "0.3"], "controllers that have it: pi"),
         (["--algo", "repo-d", "--algo.controller.kp"], "needs a value"),
+        (["--algo", "{name: [1]}"], "algo.name must be a preset's name, got [1]"),
+        (["--algo", "{name: repo-d, x: " + ALIAS_BOMB + "}"], "through its aliases; refused"),
     ],
 )
 def test_bad_algorithm_options_are_one_line_before_anything_loads(argv, needle, capsys) -> None:
