@@ -82,9 +82,13 @@ def test_algorithm_options_on_the_command_line_and_in_yaml(tmp_path: Path) -> No
 
 
 # 9 ** 7 nodes once its aliases expand, in 200 characters
-ALIAS_BOMB = "[&a [x,x,x,x,x,x,x,x,x], " + ", ".join(
-    f"&{b} [{', '.join([f'*{a}'] * 9)}]" for a, b in zip("abcde", "bcdef")
-) + ", [" + ", ".join(["*f"] * 9) + "]]"
+ALIAS_BOMB = (
+    "[&a [x,x,x,x,x,x,x,x,x], "
+    + ", ".join(f"&{b} [{', '.join([f'*{a}'] * 9)}]" for a, b in zip("abcde", "bcdef", strict=True))
+    + ", ["
+    + ", ".join(["*f"] * 9)
+    + "]]"
+)
 
 
 @pytest.mark.parametrize(
