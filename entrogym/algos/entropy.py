@@ -149,6 +149,42 @@ def token_covariance(
     return torch.where(valid, centred_adv * centred_logp, torch.zeros_like(logp))
 
 
+def entropy_neutral_zeta(
+    advantages: torch.Tensor, logprobs: torch.Tensor, mask: torch.Tensor
+) -> float:
+    """The REPO-D coefficient that cancels a policy-gradient step's first-order entropy change
+    on this batch: zeta* = Cov(log pi, A) / Var(log pi) over the action tokens.
+
+    Cor. 1 (``thm:sm-mdp``) gives the entropy change of a softmax policy-gradient step as
+    -lr Cov_{a~pi}(log pi(a), A(a)); Cui et al. 2025 (Sec. 4) estimate that covariance from the
+    sampled tokens (:func:`token_covariance`). Centred REPO-D shaping,
+    A' = A - zeta (log pi - mean log pi), lowers the covariance by zeta Var(log pi), so at zeta*
+    the estimated first-order change is zero, in either direction. 0 when fewer than two
+    action tokens or log pi does not vary.
+    """
+    logp = as_float_tensor("logprobs", logprobs).detach()
+    covariance = token_covariance(advantages, logp, mask)
+    valid = mask > 0
+    if int(valid.sum()) < 2:
+        return 0.0
+    variance = float(logp[valid].var(unbiased=False))
+    if variance <= 1e-12:
+        return 0.0
+    return float(covariance[valid].mean()) / variance
+
+
+def centred_repo_d(
+    advantages: torch.Tensor, logprobs: torch.Tensor, mask: torch.Tensor, zeta: float
+) -> torch.Tensor:
+    """REPO-D with the log-prob centred on the batch: A - zeta (log pi - mean log pi), the mean
+    over the action tokens (``mask > 0``). Centring on the batch keeps the shaping from moving
+    every advantage by the same amount, which would push up every sampled token."""
+    logp = as_float_tensor("logprobs", logprobs).detach()
+    valid = mask > 0
+    centre = logp[valid].mean() if bool(valid.any()) else logp.new_zeros(())
+    return repo_d(advantages, logp - centre, zeta)
+
+
 def clip_cov_tokens(
     covariance: torch.Tensor,
     mask: torch.Tensor,

@@ -31,8 +31,10 @@ import torch
 
 from entrogym.algos.entropy import (
     centred_logprobs,
+    centred_repo_d,
     clip_cov_tokens,
     entropy_bonus_loss,
+    entropy_neutral_zeta,
     kl_cov_penalty,
     kl_cov_tokens,
     repo_d,
@@ -107,8 +109,10 @@ class Lever:
         logprobs: torch.Tensor,
         entropies: torch.Tensor | None,
         coef: float | None,
+        mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Advantages ``[b]`` or ``[b, T]`` for the loss; ``logprobs`` are the current scores."""
+        """Advantages ``[b]`` or ``[b, T]`` for the loss; ``logprobs`` are the current scores
+        and ``mask`` marks their action tokens."""
         return advantages
 
     def clip_range(
@@ -174,6 +178,7 @@ class RepoLever(Lever):
         logprobs: torch.Tensor,
         entropies: torch.Tensor | None,
         coef: float | None,
+        mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if not self.needs_entropy:
             shaping = logprobs.detach()
@@ -205,6 +210,47 @@ class RepoD(RepoLever):
 
     coefficient = Coefficient("zeta", init=1e-3, min=1e-3, max=10.0)
     formula = staticmethod(repo_d)
+
+
+@register_lever("cov-neutral")
+class CovNeutral(Lever):
+    """REPO-D around the entropy-neutral coefficient: A - (zeta* + zeta)(log pi - mean log pi)
+    per token. zeta* (``entropy_neutral_zeta``) cancels the batch's first-order entropy change
+    (Cor. 1), recomputed for every micro-batch; zeta, the controller's coefficient, moves the
+    entropy toward the target from there.
+
+    The driver of collapse is the covariance of log pi and A; this lever removes its
+    estimate before the step, so feedback only has to correct what the first-order
+    prediction misses. ``zeta_neutral`` in the metrics is zeta*'s mean over micro-batches.
+    """
+
+    coefficient = Coefficient("zeta", init=0.0, min=1e-3, max=0.2)
+    default_controller = "pi"
+    controller_knobs = {"paper": {"init": 1e-3}}  # paper's doubling cannot leave 0
+
+    def __init__(self, params: Any) -> None:
+        super().__init__(params)
+        self._neutral: list[float] = []
+
+    def shape_advantages(
+        self,
+        advantages: torch.Tensor,
+        logprobs: torch.Tensor,
+        entropies: torch.Tensor | None,
+        coef: float | None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if mask is None:
+            raise ValueError("lever cov-neutral needs the action mask of the log-probs")
+        neutral = entropy_neutral_zeta(advantages, logprobs, mask)
+        self._neutral.append(neutral)
+        return centred_repo_d(advantages, logprobs, mask, neutral + float(coef or 0.0))
+
+    def adjust_objective(
+        self, terms: TokenObjective, inputs: LeverInputs, coef: float | None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        neutral, self._neutral = self._neutral[-1] if self._neutral else 0.0, []
+        return terms.objective, {"zeta_neutral": neutral}
 
 
 @register_lever("entropy-bonus")

@@ -232,7 +232,8 @@ def _controller(
     start = base.controller
     if start is None:
         default = LEVERS.get(lever.name).controller_by_default()
-        start = Part(default, CONTROLLERS.params(default))
+        suggested = LEVERS.get(lever.name).controller_knobs.get(default)
+        start = Part(default, CONTROLLERS.params(default, suggested))
     if given is None:
         return start
     chosen = _chosen("controller", start, given, coerce)

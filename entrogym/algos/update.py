@@ -109,7 +109,7 @@ def micro_batch_loss(
     per-token objective -> the lever's adjustment -> the token mask -> aggregation (+ the
     lever's extra term). Also returns the mask of the tokens the loss trains on."""
     config, lever, coef = control.config, control.lever, control.coefficient
-    advantages = lever.shape_advantages(rows.advantages, logprobs, entropies, coef)
+    advantages = lever.shape_advantages(rows.advantages, logprobs, entropies, coef, rows.mask)
     eps_low, eps_high = control.clip_range()
     loss_fn = LOSSES.get(config.loss.name)
     terms = loss_fn(

@@ -243,3 +243,33 @@ def test_adaptive_entropy_preset_steps_beta_as_trl_each_optimizer_step():
     assert applied == [trl.step(h) for h in measured]
     assert applied[0] == 0.0 and metrics["beta"] == trl.coef
     assert metrics["entropy_target"] == 1.0  # absolute, in nats
+
+
+def test_the_entropy_neutral_zeta_zeroes_the_shaped_covariance():
+    """zeta* = Cov(logp, A) / Var(logp) over the action tokens (numpy, independently), and the
+    cov-neutral lever's advantages at coefficient 0 have zero covariance with logp."""
+    import numpy as np
+
+    from entrogym.algos import build_algorithm
+    from entrogym.algos.control import EntropyControl
+    from entrogym.algos.entropy import centred_repo_d, entropy_neutral_zeta
+
+    gen = torch.Generator().manual_seed(3)
+    logp = -torch.rand(4, 6, generator=gen, dtype=torch.float64) * 5
+    adv = torch.randn(4, generator=gen, dtype=torch.float64)
+    mask = torch.ones(4, 6, dtype=torch.float64)
+    mask[0, 4:] = 0
+    mask[2, 1:] = 0
+    on = mask.numpy() > 0
+    l_np, a_np = logp.numpy()[on], np.repeat(adv.numpy()[:, None], 6, axis=1)[on]
+    expected = np.cov(l_np, a_np, bias=True)[0, 1] / np.var(l_np)
+    assert entropy_neutral_zeta(adv, logp, mask) == pytest.approx(expected, rel=1e-12)
+    control = EntropyControl(build_algorithm({"name": "grpo", "lever": "cov-neutral"}))
+    assert control.controller.name == "pi" and control.coefficient == 0.0
+    shaped = control.lever.shape_advantages(adv, logp, None, control.coefficient, mask)
+    torch.testing.assert_close(shaped, centred_repo_d(adv, logp, mask, expected))
+    assert abs(np.cov(l_np, shaped.numpy()[on], bias=True)[0, 1]) < 1e-12
+    # a padded position changes nothing
+    assert entropy_neutral_zeta(adv, logp.masked_fill(mask == 0, -99.0), mask) == pytest.approx(
+        expected, rel=1e-12
+    )
