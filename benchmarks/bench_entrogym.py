@@ -31,7 +31,12 @@ SCORING = {
 
 
 def train_config(
-    work: Workload, engine: str, scoring: str, out: Path, env_workers: int | None = None
+    work: Workload,
+    engine: str,
+    scoring: str,
+    out: Path,
+    env_workers: int | None = None,
+    max_staleness: int = 0,
 ) -> Any:
     """The demo's GRPO TrainConfig with the workload's shapes and the benchmark's options."""
     from entrogym.demo import demo_config
@@ -55,6 +60,8 @@ def train_config(
         eval_every=0,
         checkpoint_every=10**9,
         env_workers=cfg.env_workers if env_workers is None else env_workers,
+        ignore_eos=s.get("ignore_eos", False),
+        max_staleness=max_staleness,
         **SCORING[scoring],
     )
 
@@ -89,14 +96,21 @@ class LearnerCounts:
             self.current["learner_flops"] += self.shape.backward_flops(lengths, heads)
 
 
-def run(work: Workload, engine: str, scoring: str, env_workers: int | None = None) -> dict:
+def run(
+    work: Workload,
+    engine: str,
+    scoring: str,
+    env_workers: int | None = None,
+    max_staleness: int = 0,
+) -> dict:
     from entrogym.train.metrics import read_metrics
     from entrogym.train.trainer import Trainer
 
     t_spawn = float(os.environ.get("BENCH_SPAWN_TIME", time.time()))
     torch.manual_seed(work.seed)
     with tempfile.TemporaryDirectory(prefix="entrogym-bench-") as tmp:
-        trainer = Trainer(train_config(work, engine, scoring, Path(tmp), env_workers))
+        cfg = train_config(work, engine, scoring, Path(tmp), env_workers, max_staleness)
+        trainer = Trainer(cfg)
         counts = LearnerCounts(trainer)
         trainer.phases.hooks.append(counts)
         if work.device != "cpu":  # in place: the optimizer keeps the same parameters
@@ -112,14 +126,23 @@ def run(work: Workload, engine: str, scoring: str, env_workers: int | None = Non
 
 
 def summary(row: dict, counts: dict) -> dict:
-    """One iteration's phases (the trainer's ``phases_s``; other = the rest of the
-    iteration), token counts, rates and the trainer's own exactness metrics."""
+    """One iteration's phases (the trainer's ``phases_s``; other = the rest of the iteration),
+    token counts, rates and the trainer's own exactness metrics. When rollouts ran beside the
+    update (``--max-staleness``), generation and env time were spent in the rollout thread,
+    not on the iteration's clock: ``wait`` is what the update waited for its batch, and
+    ``other`` is the rest beside the learner's own phases."""
     total = row["iteration_s"]
     phases = dict(row["phases_s"])
-    phases["other"] = max(total - sum(phases.values()), 0.0)
+    beside = row.get("staleness_max", 0) > 0
+    on_clock = [k for k in phases if not (beside and k in ("generation", "env"))]
+    if beside:
+        phases["wait"] = row["rollout_wait_s"]
+        on_clock.append("wait")
+    phases["other"] = max(total - sum(phases[k] for k in on_clock), 0.0)
     learner_s = sum(phases[k] for k in ("scoring", "forward", "backward"))
     return {
         "seconds": total,
+        "beside": beside,
         "phases_s": {k: round(v, 3) for k, v in phases.items()},
         "generated_tokens": row["generated_tokens"],
         "learner_tokens": row["learner_tokens"],
@@ -150,8 +173,10 @@ def main() -> None:
     p.add_argument("--engine", default="hf")
     p.add_argument("--scoring", choices=tuple(SCORING), default="fast")
     p.add_argument("--env-workers", type=int, default=None, help="default: the trainer's")
+    p.add_argument("--max-staleness", type=int, default=0)
     args = p.parse_args()
-    result = run(Workload.load(args.workload), args.engine, args.scoring, args.env_workers)
+    work = Workload.load(args.workload)
+    result = run(work, args.engine, args.scoring, args.env_workers, args.max_staleness)
     args.result.write_text(json.dumps(result))
 
 

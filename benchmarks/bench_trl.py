@@ -18,10 +18,13 @@ import torch
 from bench_common import Workload, matmul_ceiling
 
 
-def _reward_fn(answers: dict[str, str]):
+def _reward_fn(answers: dict[str, str], generated: list[int]):
+    """The arithmetic env's grading; appends each generation's completion tokens to
+    ``generated`` (TRL hands reward functions the completion ids)."""
     from entrogym.envs.grading import grade
 
-    def correct(prompts, completions, **kwargs) -> list[float]:
+    def correct(prompts, completions, completion_ids=(), **kwargs) -> list[float]:
+        generated.append(sum(len(ids) for ids in completion_ids))
         # the arithmetic env's grading: last number counts when nothing is boxed
         out = []
         for prompt, completion in zip(prompts, completions, strict=True):
@@ -46,6 +49,8 @@ def run(work: Workload) -> dict:
     micro, minibatch = s["micro_batch_size"], s["minibatch_size"]
     per_iteration = s["tasks"] * s["samples"]
     stamps: list[float] = []
+    seen: list[int] = []  # TRL's prompt + completion tokens so far, after each step
+    generated: list[int] = []  # completion tokens of each generation (one per iteration)
 
     class Stamps(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
@@ -54,6 +59,7 @@ def run(work: Workload) -> dict:
 
         def on_step_end(self, args, state, control, **kwargs):
             stamps.append(time.perf_counter())
+            seen.append(state.num_input_tokens_seen)
 
     answers = {p[-1]["content"]: a for p, a in zip(work.prompts, work.answers, strict=True)}
     with tempfile.TemporaryDirectory(prefix="trl-bench-") as tmp:
@@ -87,10 +93,15 @@ def run(work: Workload) -> dict:
             report_to="none",
             disable_tqdm=True,
             seed=work.seed,
+            # Equal work: every completion runs to the token budget. HF generate cannot sample
+            # past EOS (vLLM's ignore_eos), so EOS is held back until the budget is reached.
+            generation_kwargs=(
+                {"min_new_tokens": s["max_response_tokens"]} if s.get("ignore_eos") else None
+            ),
         )
         trainer = GRPOTrainer(
             model=work.model_dir,
-            reward_funcs=_reward_fn(answers),
+            reward_funcs=_reward_fn(answers, generated),
             args=config,
             train_dataset=Dataset.from_list([{"prompt": p} for p in work.prompts]),
             peft_config=LoraConfig(
@@ -107,9 +118,15 @@ def run(work: Workload) -> dict:
     t_begin, startup_s, ends = stamps[0], stamps[1], stamps[2:]
     marks = [t_begin] + ends[steps - 1 :: steps]
     seconds = [b - a for a, b in zip(marks, marks[1:], strict=False)]
+    ends_seen = seen[steps - 1 :: steps]
+    learner = [b - a for a, b in zip([0, *ends_seen], ends_seen, strict=False)]
+    iterations = [
+        {"seconds": x, "generated_tokens": g, "learner_tokens": n}
+        for x, g, n in zip(seconds, generated, learner, strict=True)
+    ]
     return {
         "startup_s": startup_s,
-        "iterations": [{"seconds": x} for x in seconds],
+        "iterations": iterations,
         "threads": torch.get_num_threads(),
         "ceiling_gflops": {"fp32": matmul_ceiling(torch.float32, work.device)},
     }

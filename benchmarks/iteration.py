@@ -1,18 +1,21 @@
-"""One training iteration of the demo's GRPO configuration, phase by phase, optionally side by
-side with TRL's ``GRPOTrainer`` on the same work.
+"""Training iterations of the demo's GRPO configuration, phase by phase: entrogym's synchronous
+loop and its asynchronous one (``--max-staleness 1``), optionally side by side with TRL's
+``GRPOTrainer`` on the same work.
 
+    make bench                                  # builds .venv-bench (TRL), then --vs-trl
     PYTHONPATH=$PWD nice -n 10 .venv/bin/python benchmarks/iteration.py --vs-trl --reps 5
 
-Each repetition runs every framework in a fresh process (interleaved, alternating which goes
-first), for ``--iterations`` iterations; the last one (warm) is the timed one. Prints JSON:
+Equal work by construction: by default every completion runs to the token budget on both sides
+(entrogym's ``ignore_eos``; TRL holds EOS back with ``min_new_tokens``), so both generate and
+learn on the same number of tokens; ``--natural-lengths`` lets completions stop at EOS. Both
+sides report generated and learner tokens per iteration.
 
-* ``entrogym``: per phase (the trainer's own ``phases_s``: generation, env, scoring, forward,
-  backward, optimizer, publish; other = the rest of the iteration), generated tokens/s, learner tokens/s, learner GFLOP/s
-  and the fp32 / bf16 matmul ceilings measured in the same process;
-* top level: ``learner_ceiling_fraction`` (learner FLOP/s over the same-run ceiling of the dtype
-  the body uses), ``peak_rss_mb`` (process tree), ``startup_s`` (spawn to first rollout), and with
-  ``--vs-trl``: ``speedup_vs_trl`` (TRL's median seconds per iteration over entrogym's) and
-  TRL's own figures. docs/performance.md explains the FLOP count and the differences.
+Each repetition runs every framework in a fresh process (interleaved, the order rotating), for
+``--iterations`` iterations (default 3); iteration 1 is timed: warm, and for the async run the
+first whose batch was collected beside an update and whose update runs beside the next
+collection. Prints JSON (``bench_report`` builds it; docs/performance.md lists the keys) and a
+markdown table on stderr: every repetition with the load average it ran at, a repetition more
+than 2x the median of its siblings flagged.
 
 ``--vs-trl`` needs the ``.venv-bench`` environment that ``make bench`` builds.
 """
@@ -23,7 +26,6 @@ import argparse
 import json
 import os
 import random
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,6 +33,7 @@ import time
 from pathlib import Path
 
 from bench_common import DEMO, PeakRss, Workload
+from bench_report import build_report, table
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
@@ -54,6 +57,7 @@ def build_workload(args: argparse.Namespace) -> Workload:
     from entrogym.models import resolve_model
 
     settings = dict(DEMO, tasks=args.tasks, samples=args.samples)
+    settings["ignore_eos"] = not args.natural_lengths
     settings["minibatch_size"] = args.tasks * args.samples // 2
     settings["micro_batch_size"] = min(DEMO["micro_batch_size"], settings["minibatch_size"])
     env = make_text_env(ENV, **ENV_KWARGS)
@@ -104,33 +108,6 @@ def run_worker(cmd: list[str], result: Path, timeout: float) -> dict:
     return out
 
 
-def summarize(runs: list[dict], dtype: str, body_key: str = "bf16") -> dict:
-    """Medians over repetitions of the timed (last) iteration."""
-    last = [r["iterations"][-1] for r in runs]
-    out = {
-        "seconds_per_iteration": [round(x["seconds"], 3) for x in last],
-        "median_seconds_per_iteration": statistics.median(x["seconds"] for x in last),
-        "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
-        "startup_s": statistics.median(r["startup_s"] for r in runs),
-        "threads": runs[0]["threads"],
-        "ceiling_gflops": runs[-1]["ceiling_gflops"],
-    }
-    if "phases_s" in last[0]:
-        med = lambda key: statistics.median(x[key] for x in last)  # noqa: E731
-        out["phases_s"] = {
-            k: round(statistics.median(x["phases_s"].get(k, 0.0) for x in last), 3)
-            for k in last[0]["phases_s"]
-        }
-        for key in ("generated_tokens_per_s", "learner_tokens_per_s", "learner_gflops_per_s"):
-            out[key] = round(med(key), 2)
-        ceiling = statistics.median(
-            r["ceiling_gflops"]["fp32" if dtype == "fp32" else body_key] for r in runs
-        )
-        out["learner_ceiling_fraction"] = out["learner_gflops_per_s"] / ceiling
-        out["sampler_mismatch"] = [x["sampler_mismatch"] for x in last]
-    return out
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -156,8 +133,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--tasks", type=int, default=DEMO["tasks"])
     p.add_argument("--samples", type=int, default=DEMO["samples"])
-    p.add_argument("--iterations", type=int, default=2, help="per process; the last is timed")
-    p.add_argument("--reps", type=int, default=3, help="fresh-process repetitions per framework")
+    p.add_argument(
+        "--iterations",
+        type=int,
+        default=3,
+        help="per process; iteration 1 is timed (the last when fewer than 3)",
+    )
+    p.add_argument("--reps", type=int, default=5, help="fresh-process repetitions per framework")
+    p.add_argument(
+        "--natural-lengths",
+        action="store_true",
+        help="let completions stop at EOS (default: every one runs to the token budget, on "
+        "both sides, so the work is equal)",
+    )
+    p.add_argument(
+        "--async-staleness",
+        type=int,
+        default=1,
+        help="--max-staleness of entrogym's async run beside the synchronous one (0: no async run)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--env-workers",
@@ -172,8 +166,39 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    check_args(args)
+    with tempfile.TemporaryDirectory(prefix="iteration-bench-") as tmp:
+        work_file, result = Path(tmp) / "workload.json", Path(tmp) / "result.json"
+        work = build_workload(args)
+        work.save(work_file)
+        ours = [sys.executable, str(HERE / "bench_entrogym.py"), str(work_file), str(result)]
+        ours += ["--engine", args.engine, "--scoring", args.scoring]
+        ours += [] if args.env_workers is None else ["--env-workers", str(args.env_workers)]
+        commands = {"entrogym": [*ours, "--max-staleness", "0"]}
+        if args.async_staleness:
+            commands["entrogym_async"] = [*ours, "--max-staleness", str(args.async_staleness)]
+        if args.vs_trl:
+            theirs = [str(BENCH_PYTHON), str(HERE / "bench_trl.py"), str(work_file), str(result)]
+            commands["trl"] = theirs
+        runs: dict[str, list[dict]] = {name: [] for name in commands}
+        names = list(commands)
+        for rep in range(args.reps):
+            for name in names[rep % len(names) :] + names[: rep % len(names)]:  # rotating order
+                load = os.getloadavg()[0]
+                out = run_worker(commands[name], result, args.timeout)
+                out["load_1min"] = load
+                runs[name].append(out)
+    report = build_report(runs, args, work.settings)
+    print(json.dumps(report, indent=1))
+    print(table(report), file=sys.stderr)  # for people; stdout stays one JSON document
+    return 0
+
+
+def check_args(args: argparse.Namespace) -> None:
     if args.threads is not None and not 1 <= args.threads <= (os.cpu_count() or 1):
         raise SystemExit(f"--threads must be from 1 to {os.cpu_count()}, got {args.threads}")
+    if args.iterations < 1 or args.reps < 1:
+        raise SystemExit("--iterations and --reps must be >= 1")
     if args.vs_trl and (problem := bench_env_problem()):
         raise SystemExit(
             f"--vs-trl needs TRL's benchmark environment ({problem}); build it with: make bench"
@@ -183,78 +208,6 @@ def main(argv: list[str] | None = None) -> int:
 
         if not torch.cuda.is_available():
             raise SystemExit("--device cuda: CUDA is not available here; use --device cpu")
-    load = {"before": os.getloadavg()}
-    with tempfile.TemporaryDirectory(prefix="iteration-bench-") as tmp:
-        work_file, result = Path(tmp) / "workload.json", Path(tmp) / "result.json"
-        work = build_workload(args)
-        work.save(work_file)
-        ours = [
-            sys.executable,
-            str(HERE / "bench_entrogym.py"),
-            str(work_file),
-            str(result),
-            "--engine",
-            args.engine,
-            "--scoring",
-            args.scoring,
-            *([] if args.env_workers is None else ["--env-workers", str(args.env_workers)]),
-        ]
-        theirs = [str(BENCH_PYTHON), str(HERE / "bench_trl.py"), str(work_file), str(result)]
-        runs: dict[str, list[dict]] = {"entrogym": [], "trl": []}
-        for rep in range(args.reps):
-            order = [("entrogym", ours), ("trl", theirs)] if args.vs_trl else [("entrogym", ours)]
-            for name, cmd in order if rep % 2 == 0 else order[::-1]:
-                runs[name].append(run_worker(cmd, result, args.timeout))
-    load["after"] = os.getloadavg()
-    mine = summarize(runs["entrogym"], args.dtype)
-    report = {
-        "learner_ceiling_fraction": round(mine["learner_ceiling_fraction"], 3),
-        "peak_rss_mb": round(mine["peak_rss_mb"]),
-        "startup_s": round(mine["startup_s"], 2),
-        "config": {k: v for k, v in vars(args).items()} | {"settings": work.settings},
-        "load_average": load,
-        "entrogym": mine,
-    }
-    if args.vs_trl:
-        trl = summarize(runs["trl"], "fp32")
-        report["speedup_vs_trl"] = round(
-            trl["median_seconds_per_iteration"] / mine["median_seconds_per_iteration"], 3
-        )
-        ratios = [
-            t["iterations"][-1]["seconds"] / e["iterations"][-1]["seconds"]
-            for t, e in zip(runs["trl"], runs["entrogym"], strict=True)
-        ]
-        report["speedup_vs_trl_per_rep"] = [round(r, 3) for r in ratios]
-        report["rss_vs_trl"] = round(mine["peak_rss_mb"] / trl["peak_rss_mb"], 3)
-        report["trl"] = trl
-    print(json.dumps(report, indent=1))
-    print(table(report), file=sys.stderr)  # for people; stdout stays one JSON document
-    return 0
-
-
-def table(report: dict) -> str:
-    """The report as a markdown table: one row per framework, then the ratios."""
-    rows = [("entrogym", report["entrogym"])] + (
-        [("TRL", report["trl"])] if "trl" in report else []
-    )
-    lines = ["| framework | s / iter (median) | per repetition | peak RSS MB | start-up s |",
-             "|---|---|---|---|---|"]  # fmt: skip
-    for name, r in rows:
-        reps = ", ".join(f"{x:.1f}" for x in r["seconds_per_iteration"])
-        lines.append(f"| {name} | {r['median_seconds_per_iteration']:.1f} | {reps} | "
-                     f"{r['peak_rss_mb']:.0f} | {r['startup_s']:.1f} |")  # fmt: skip
-    mine = report["entrogym"]
-    if "phases_s" in mine:
-        phases = ", ".join(f"{k} {v:.2f}" for k, v in mine["phases_s"].items())
-        lines.append(f"\nentrogym phases (s): {phases}")
-        lines.append(f"learner_ceiling_fraction {report['learner_ceiling_fraction']:.2f} "
-                     f"({mine['learner_gflops_per_s']:.0f} GFLOP/s; ceilings "
-                     f"{ {k: round(v) for k, v in mine['ceiling_gflops'].items()} })")  # fmt: skip
-    if "speedup_vs_trl" in report:
-        lines.append(f"speedup_vs_trl {report['speedup_vs_trl']:.2f} "
-                     f"(per repetition {report['speedup_vs_trl_per_rep']}), "
-                     f"rss_vs_trl {report['rss_vs_trl']:.2f}")  # fmt: skip
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ def make_agent(model: str) -> Any:
 
 def sample_batch(engine: Any, agent: Any, *, tasks: int, k: int, seed: int) -> Any:
     """``k`` completions of ``tasks`` training tasks of the demo's env drawn by ``engine`` at
-    temperature 1 without truncation, with their rewards, as the trainer's padded ``Batch``."""
+    temperature 1 without truncation, with their rewards, as the trainer's padded ``UpdateBatch``."""
     from entrogym.agents.engines import SamplingParams
     from entrogym.agents.rollout import collect_rollouts
     from entrogym.demo import ENV, ENV_KWARGS
@@ -102,13 +102,13 @@ def update_and_measure(policy, batch: Any, algo: Any, cfg: Any, steps: int) -> l
     from entrogym.train.policy import trainable_parameters
 
     score = make_scorer(policy, batch)
-    n, width, micro = len(batch), batch.action_mask.shape[1], cfg.micro_batch_size
+    n, width, micro = len(batch), batch.mask.shape[1], cfg.micro_batch_size
     old = score_all(score, n, width, micro)
     experience = UpdateBatch.build(
         algo.advantage, rewards=batch.rewards, group_ids=batch.group_ids,
-        mask=batch.action_mask, lengths=batch.lengths, old_logprobs=old.clone(),
+        mask=batch.mask, lengths=batch.lengths, old_logprobs=old.clone(),
     )  # fmt: skip
-    mask, adv = batch.action_mask.float(), experience.advantages
+    mask, adv = batch.mask.float(), experience.advantages
     measured = [bf16_clip_effect(score_all(score, n, width, micro), old, adv, mask, algo)]
     params = trainable_parameters(policy)
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -181,10 +181,10 @@ def mismatch_claim(args: argparse.Namespace, model: str, agent: Any) -> dict:
         kwargs = {"dtype": dtype, "max_model_len": AGENT.max_context_tokens, "seed": args.seed}
         with make_engine("hf", model, **kwargs) as engine:
             batch = sample_batch(engine, agent, tasks=args.mismatch_tasks, k=args.k, seed=args.seed)
-        n, width = len(batch), batch.action_mask.shape[1]
+        n, width = len(batch), batch.mask.shape[1]
         learner_lp = score_all(make_scorer(learner, batch), n, width, args.micro)
         m = sampler_mismatch(
-            learner_lp, batch.sampler_logprobs, batch.action_mask, low=RATIO_BAND[0],
+            learner_lp, batch.sampler_logprobs, batch.mask, low=RATIO_BAND[0],
             high=RATIO_BAND[1],
         )  # fmt: skip
         rows[dtype] = {

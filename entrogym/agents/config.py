@@ -30,6 +30,9 @@ class AgentConfig:
         engine_dtype: dtype of the rollout engine's weights (fp32, bf16 or fp16).
         request_timeout: seconds one request to a ``vllm serve`` may take before it is retried.
         max_lora_rank: largest LoRA rank the vLLM engines accept (None = the run's lora_rank).
+        max_loras: adapters an engine keeps loaded at once (vLLM's ``--max-loras``; start your
+            own ``vllm serve`` with at least this many). None = 1, and for a training run what
+            it samples with: ``max_staleness + 1`` versions.
         max_num_seqs: most sequences an engine generates at once; more wait for the next batch.
             None = the ``hf`` engine's default, sized from the model and
             ``max_context_tokens`` (``entrogym.agents.engines.hf.hf_max_num_seqs``), and for
@@ -50,6 +53,7 @@ class AgentConfig:
     engine_dtype: DTypeName = "bf16"
     request_timeout: float = 600.0
     max_lora_rank: int | None = None
+    max_loras: int | None = None
     max_num_seqs: int | None = None
     max_response_tokens: int = 256
     max_context_tokens: int = 4096
@@ -80,6 +84,8 @@ class AgentConfig:
             raise ValueError(f"request_timeout must be > 0 seconds, got {self.request_timeout}")
         if self.max_lora_rank is not None and self.max_lora_rank < 1:
             raise ValueError(f"max_lora_rank must be >= 1 or None, got {self.max_lora_rank}")
+        if self.max_loras is not None and self.max_loras < 1:
+            raise ValueError(f"max_loras must be >= 1 or None, got {self.max_loras}")
         if self.max_num_seqs is not None and self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1 or None, got {self.max_num_seqs}")
         for name in ("max_response_tokens", "max_context_tokens"):
@@ -109,12 +115,15 @@ class AgentConfig:
         *,
         max_num_seqs: int | None = None,
         threads: int | None = None,
+        max_loras: int = 1,
     ) -> dict[str, Any]:
         """Keyword arguments of ``make_engine(self.engine, self.model, **...)``.
 
         ``max_num_seqs`` (the rollout batch: tasks x K; sizes the KV cache) and ``threads``
         (CPU cores of the engine) go to the two vLLM engines only, when given; the
         ``max_num_seqs`` option, when set, goes to every engine this process starts and wins.
+        ``max_loras`` (the adapters a run samples with) goes to every engine, and the
+        ``max_loras`` option wins over it.
         """
         kwargs: dict[str, Any] = {
             "dtype": self.engine_dtype,
@@ -123,6 +132,7 @@ class AgentConfig:
             "seed": seed,
             "request_timeout": self.request_timeout,
             "max_lora_rank": self.max_lora_rank or lora_rank or 16,
+            "max_loras": self.max_loras or max_loras,
         }
         if self.engine == "hf" and self.max_num_seqs is not None:
             kwargs["max_num_seqs"] = self.max_num_seqs

@@ -91,6 +91,31 @@ def sampled_entropy(logprobs: torch.Tensor, mask: torch.Tensor) -> float:
     return float((-logprobs * mask).sum() / n)
 
 
+def importance_weighted_entropy(
+    logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor
+) -> float:
+    """Sampled entropy of a policy pi from tokens another policy mu sampled (self-normalised
+    importance sampling, e.g. Owen, "Monte Carlo theory, methods and examples", ch. 9).
+
+    With w_t = pi(a_t|s_t) / mu(a_t|s_t): sum_t w_t (-log pi(a_t|s_t)) / sum_t w_t, an estimate
+    of E_{a~pi}[-log pi(a|s)] = H(pi(.|s)) at the states mu visited. With pi = mu (w = 1) it is
+    :func:`sampled_entropy`. The update feeds the controller this for a stale batch
+    (``--max-staleness``): the entropy of the policy being trained, not of the older one that
+    sampled the batch.
+    """
+    logprobs = as_float_tensor("logprobs", logprobs).detach()
+    sampler_logprobs = as_float_tensor("sampler_logprobs", sampler_logprobs).detach()
+    if sampler_logprobs.shape != logprobs.shape or mask.shape != logprobs.shape:
+        raise ValueError(
+            f"sampler_logprobs and mask must have the shape of logprobs {tuple(logprobs.shape)}"
+        )
+    weights = torch.exp(logprobs - sampler_logprobs) * mask
+    total = weights.sum()
+    if not total > 0:
+        raise ValueError("mask selects no action tokens; cannot estimate entropy")
+    return float((weights * -logprobs).sum() / total)
+
+
 def token_entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """Exact per-position entropy H = -sum_a p(a) log p(a) over the last axis, in fp32 (fp64
     input stays fp64, for the theory checks).

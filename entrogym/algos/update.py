@@ -24,17 +24,24 @@ the first minibatch of the first epoch are still on-policy when they are scored 
 so their detached scores are their old log-probs (no separate pass); the other rows are scored
 without gradients before the first optimizer step. With a deterministic scorer this equals
 scoring every row first.
+
+Stale batches (``version`` given, rows sampled by older ``batch.versions``): the caller passes
+the sampling versions' log-probs as old log-probs, so every ratio's denominator is the policy
+that sampled its token. The entropy the controller sees is the policy being trained: the first
+minibatch's detached scores (taken before the first step, so they are that policy's) weighted
+against the sampler's (``importance_weighted_entropy``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
 
 from entrogym.algos.advantages import zero_advantage_groups
 from entrogym.algos.control import EntropyControl
-from entrogym.algos.entropy import sampled_entropy
+from entrogym.algos.entropy import importance_weighted_entropy, sampled_entropy
 from entrogym.algos.levers import LeverInputs
 from entrogym.algos.losses import LOSSES, aggregate
 from entrogym.algos.update_batch import (
@@ -150,12 +157,15 @@ def accumulate_minibatch(
     tally: _Tally,
     reuse_scores: bool = False,
     generator: torch.Generator | None = None,
+    current: torch.Tensor | None = None,
 ) -> bool:
     """Back-propagate one minibatch micro-batch by micro-batch (gradient accumulation).
 
     Returns False when a score or loss was non-finite (a diverged model): the caller skips the
     step, counted rather than raised (the formula functions reject such input from callers).
     ``reuse_scores``: the rows are on-policy, so their detached scores become old log-probs.
+    ``current``: a ``[B, T]`` buffer that receives the rows' detached scores (the policy before
+    this minibatch's step).
     """
     finite = True
     minibatch_mask = batch.mask[minibatch]
@@ -165,8 +175,11 @@ def accumulate_minibatch(
                 score_old_logprobs(batch, index, score, None)
             continue
         logprobs, entropies = score(index, control.needs_entropy)
+        batch.check_scores(index, logprobs)
         if reuse_scores:
             batch.store_old_logprobs(index, logprobs)
+        if current is not None:
+            current[index, : logprobs.shape[1]] = logprobs.detach()
         if not torch.isfinite(logprobs.detach()).all():
             finite = False
             continue
@@ -198,19 +211,31 @@ def policy_update(
     zero_grad: ZeroGradFn,
     micro_batch_size: int | None = None,
     generator: torch.Generator | None = None,
+    version: int | None = None,
 ) -> dict[str, float | None]:
     """Run ``control.config``'s epochs x minibatches on one iteration's experience.
 
     Every minibatch starts from zero gradients and a skipped one leaves none behind. Old
     log-probs must be the trainer's fp32 scores of the sampled tokens under the policy that
     generated them (never the engine's); ``None`` lets the update score them (module doc) and
-    leaves them in ``batch.old_logprobs``. The entropy fed to the control is
-    ``sampled_entropy(old_logprobs, mask)``: the entropy of the policy the data came from.
-    Returns the iteration's metrics.
+    leaves them in ``batch.old_logprobs``. ``version``: the weight version being trained; rows
+    whose ``batch.versions`` are older make the batch stale (module doc). The entropy fed to
+    the control is that of the policy being trained: ``sampled_entropy(old_logprobs, mask)``
+    on a fresh batch, ``importance_weighted_entropy`` on a stale one (``entropy_sampler`` in
+    the metrics is the sampling policy's). Returns the iteration's metrics.
     """
     config = control.config
+    stale = version is not None and batch.versions is not None
+    stale = stale and bool((batch.versions < version).any())
+    if stale and batch.old_logprobs is None:
+        raise ValueError(
+            "a stale batch (rows sampled by older versions) needs the sampling policy's "
+            "old_logprobs; score them under the versions that sampled the rows"
+        )
     reuse = batch.old_logprobs is None
-    entropy = None if reuse else sampled_entropy(batch.old_logprobs, batch.mask)
+    entropy = None if reuse or stale else sampled_entropy(batch.old_logprobs, batch.mask)
+    sampler_entropy = None if reuse else sampled_entropy(batch.old_logprobs, batch.mask)
+    current = torch.zeros(batch.mask.shape) if stale else None
     tally = _Tally()
     # Clip-Cov draws tokens at random: its own stream, so the minibatch order is untouched.
     lever_generator = None if generator is None else torch.Generator()
@@ -229,12 +254,20 @@ def policy_update(
                 tally=tally,
                 reuse_scores=reuse,
                 generator=lever_generator,
+                current=current,
             )
             if reuse:  # every old log-prob is known before the first step
                 rest = _other_rows(minibatch, len(batch))
                 score_old_logprobs(batch, rest, score, micro_batch_size)
-                entropy = sampled_entropy(batch.old_logprobs, batch.mask)
+                entropy = sampler_entropy = sampled_entropy(batch.old_logprobs, batch.mask)
                 reuse = False
+            if current is not None:  # the trained policy's scores, before its first step
+                entropy = importance_weighted_entropy(
+                    current[minibatch], batch.old_logprobs[minibatch], batch.mask[minibatch]
+                )
+                if not math.isfinite(entropy):  # a diverged score: the sampler's stands in
+                    entropy = sampler_entropy
+                current = None
             tally.count_step(step() if finite else False)
             step_entropy = tally.pop_step_entropy()
             if finite and step_entropy is not None:
@@ -243,6 +276,7 @@ def policy_update(
     out: dict[str, float | None] = {
         **tally.summary(),
         "entropy": entropy,
+        "entropy_sampler": sampler_entropy,
         "reward_mean": float(batch.rewards.float().mean()),
         "zero_adv_groups": zero_advantage_groups(batch.advantages, batch.group_ids),
         "optimizer_steps": tally.steps,

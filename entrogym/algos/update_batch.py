@@ -1,8 +1,12 @@
-"""One iteration's experience as the update sees it, and how it is cut into (micro-)batches.
+"""One iteration's experience, from the trainer to the update in one type, and how it is cut
+into (micro-)batches.
 
-``UpdateBatch`` is built once per iteration: group ids renumbered to 0..G-1 and advantages
-computed here, once. Minibatches and micro-batches are index tensors into it; a micro-batch's
-tensors are views at the width of its own longest row (``lengths``), never padded back.
+``UpdateBatch`` is what the trainer collates its episodes into and what ``policy_update``
+trains on: group ids renumbered to 0..G-1 and advantages computed once. Minibatches and
+micro-batches are index tensors into it; a micro-batch's tensors are views at the width of its
+own longest row, never padded back. That width is one rule, checked in one place
+(:meth:`UpdateBatch.width`, :meth:`UpdateBatch.check_scores`): a scorer gets the rows' ids at
+that width (:meth:`UpdateBatch.tokens`) and must return log-probs of exactly that width.
 """
 
 from __future__ import annotations
@@ -29,39 +33,54 @@ class UpdateBatch:
     """``B`` trajectories of up to ``T`` tokens (right padding).
 
     ``rewards[B]`` are terminal rewards; ``group_ids[B]`` dense 0..G-1 (one per task group);
-    ``advantages[B]`` the preset's estimator's; ``mask[B, T]`` 1 on action tokens;
-    ``lengths[B]`` real tokens per row (rows are scored at their minibatch's longest row);
-    ``old_logprobs[B, T]`` the sampling policy's log-probs recomputed by the trainer, or
-    ``None`` to let ``policy_update`` score them (on-policy reuse) and store them here.
+    ``mask[B, T]`` 1 on action (sampled) tokens; ``lengths[B]`` real tokens per row (rows are
+    scored at their minibatch's longest row); ``advantages[B]`` the algorithm's estimator's
+    (None until :meth:`compute_advantages`); ``old_logprobs[B, T]`` the sampling policy's
+    log-probs recomputed by the trainer, or ``None`` to let ``policy_update`` score them
+    (on-policy reuse) and store them here.
+
+    An LLM batch (``entrogym.train.batch.collate_episodes``) also holds ``input_ids[B, T]``,
+    ``attention_mask[B, T]`` (1 on real tokens), the engine's ``sampler_logprobs[B, T]`` (0
+    off the mask; for checks only, never the loss) and ``versions[B]``: the weight version
+    that sampled each row (``--max-staleness``).
     """
 
     rewards: torch.Tensor
     group_ids: torch.Tensor
-    advantages: torch.Tensor
     mask: torch.Tensor
     lengths: torch.Tensor
+    advantages: torch.Tensor | None = None
     old_logprobs: torch.Tensor | None = None
+    input_ids: torch.Tensor | None = None
+    attention_mask: torch.Tensor | None = None
+    sampler_logprobs: torch.Tensor | None = None
+    versions: torch.Tensor | None = None
 
     @classmethod
     def build(
         cls,
-        advantage: str,
+        advantage: str | None,
         *,
         rewards: torch.Tensor,
         group_ids: torch.Tensor,
         mask: torch.Tensor,
         lengths: torch.Tensor | None = None,
         old_logprobs: torch.Tensor | None = None,
+        **tokens: torch.Tensor | None,
     ) -> UpdateBatch:
         """Renumber ``group_ids`` (any ints) to 0..G-1 and compute the ``advantage`` estimator's
-        advantages (``"rloo"`` or ``"grpo"``); ``lengths`` default to the full width T."""
+        advantages (``"rloo"`` or ``"grpo"``; None: later, :meth:`compute_advantages`);
+        ``lengths`` default to the full width T; ``tokens``: the LLM fields (class doc)."""
         if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
             raise ValueError(f"mask must be a [B, T] tensor, got {getattr(mask, 'shape', mask)}")
-        if old_logprobs is not None and old_logprobs.shape != mask.shape:
-            raise ValueError(
-                f"old_logprobs shape {tuple(old_logprobs.shape)} must equal mask shape "
-                f"{tuple(mask.shape)}"
-            )
+        for name, value in (("old_logprobs", old_logprobs), *tokens.items()):
+            if name not in _TOKEN_FIELDS and name != "old_logprobs":
+                raise TypeError(f"UpdateBatch has no field {name!r}")
+            want = mask.shape[:1] if name == "versions" else mask.shape
+            if value is not None and value.shape != want:
+                raise ValueError(
+                    f"{name} shape {tuple(value.shape)} must be {tuple(want)} (mask's)"
+                )
         if lengths is None:
             lengths = torch.full((mask.shape[0],), mask.shape[1], dtype=torch.long)
         if lengths.shape != (mask.shape[0],) or int(lengths.max()) > mask.shape[1]:
@@ -69,8 +88,14 @@ class UpdateBatch:
         if bool(((mask != 0) & (torch.arange(mask.shape[1]) >= lengths[:, None])).any()):
             raise ValueError("mask: action tokens past a row's length; check lengths")
         _, dense = torch.unique(torch.as_tensor(group_ids), return_inverse=True)
-        advantages = compute_advantages(advantage, rewards, dense)
-        return cls(rewards, dense, advantages, mask, lengths, old_logprobs)
+        batch = cls(rewards, dense, mask, lengths, old_logprobs=old_logprobs, **tokens)
+        if advantage is not None:
+            batch.compute_advantages(advantage)
+        return batch
+
+    def compute_advantages(self, advantage: str) -> None:
+        """The ``advantage`` estimator's advantages of the rows (``"rloo"`` or ``"grpo"``)."""
+        self.advantages = compute_advantages(advantage, self.rewards, self.group_ids)
 
     def __len__(self) -> int:
         return int(self.mask.shape[0])
@@ -83,17 +108,52 @@ class UpdateBatch:
         """Tokens of the longest of rows ``index``: the width they are scored at."""
         return int(self.lengths[index].max())
 
+    def check_scores(self, index: torch.Tensor, logprobs: torch.Tensor) -> None:
+        """A scorer's log-probs of rows ``index`` must be ``[len(index), width(index)]``."""
+        want = (len(index), self.width(index))
+        if tuple(logprobs.shape) != want:
+            raise ValueError(
+                f"scores of {want[0]} rows must be {list(want)} (the rows' longest length), "
+                f"got {list(logprobs.shape)}; score the ids of UpdateBatch.tokens(index)"
+            )
+
+    def tokens(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(input_ids, attention_mask)`` of rows ``index``, cut to ``width(index)``."""
+        if self.input_ids is None or self.attention_mask is None:
+            raise ValueError("this batch holds no token ids (collate_episodes makes them)")
+        w = self.width(index)
+        return self.input_ids[index, :w], self.attention_mask[index, :w]
+
+    def actions(self, index: torch.Tensor) -> torch.Tensor:
+        """``mask`` of rows ``index``, cut like :meth:`tokens`."""
+        return self.mask[index, : self.width(index)]
+
+    def row(self, i: int) -> dict[str, list]:
+        """Row ``i`` without padding, as plain lists (the inverse of padding)."""
+        n = int(self.lengths[i])
+        return {
+            "token_ids": self.input_ids[i, :n].tolist(),  # type: ignore[index]
+            "action_mask": self.mask[i, :n].long().tolist(),
+            "sampler_logprobs": self.sampler_logprobs[i, :n].tolist(),  # type: ignore[index]
+        }
+
     def rows(self, index: torch.Tensor) -> Rows:
         if self.old_logprobs is None:
             raise ValueError("old_logprobs are not scored yet")
+        if self.advantages is None:
+            raise ValueError("advantages are not computed yet (compute_advantages)")
         w = self.width(index)
         return Rows(self.advantages[index], self.old_logprobs[index, :w], self.mask[index, :w])
 
     def store_old_logprobs(self, index: torch.Tensor, logprobs: torch.Tensor) -> None:
         """Record rows ``index``'s old log-probs (``[b, width(index)]``, detached)."""
+        self.check_scores(index, logprobs)
         if self.old_logprobs is None:
             self.old_logprobs = torch.zeros(self.mask.shape, dtype=logprobs.dtype)
         self.old_logprobs[index, : logprobs.shape[1]] = logprobs.detach()
+
+
+_TOKEN_FIELDS = ("input_ids", "attention_mask", "sampler_logprobs", "versions")
 
 
 def minibatch_indices(

@@ -17,7 +17,6 @@ _EXPORTS = {
     "Trainer": "entrogym.train.trainer",
     "TrainingStopped": "entrogym.train.trainer",
     "train": "entrogym.train.trainer",
-    "Batch": "entrogym.train.batch",
     "collate_episodes": "entrogym.train.batch",
     "evaluate_policy": "entrogym.train.evaluation",
     "sequence_logprobs": "entrogym.train.logprobs",

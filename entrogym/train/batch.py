@@ -1,57 +1,20 @@
-"""Episodes -> one right-padded batch of tensors for the trainer (the collate step)."""
+"""Episodes -> one right-padded ``UpdateBatch`` (the collate step): the one experience type the
+trainer scores and ``entrogym.algos.policy_update`` trains on."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
 from entrogym.agents.episode import Episode
+from entrogym.algos.update_batch import UpdateBatch
 
 
-@dataclass
-class Batch:
-    """Padded tensors for ``B`` episodes of up to ``T`` tokens (right padding).
-
-    ``action_mask`` marks sampled tokens; ``attention_mask`` marks real tokens;
-    ``sampler_logprobs`` are the engine's log-probs (0 off the action mask); ``group_ids`` are
-    the episodes' group ids (one per task group; the update renumbers them); ``rewards`` are
-    terminal; ``lengths`` count each row's real tokens.
-    """
-
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    action_mask: torch.Tensor
-    sampler_logprobs: torch.Tensor
-    rewards: torch.Tensor
-    group_ids: torch.Tensor
-    lengths: torch.Tensor
-
-    def __len__(self) -> int:
-        return int(self.input_ids.shape[0])
-
-    def tokens(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(input_ids, attention_mask)`` of rows ``index``, cut to their longest row."""
-        t = int(self.lengths[index].max())
-        return self.input_ids[index, :t], self.attention_mask[index, :t]
-
-    def actions(self, index: torch.Tensor) -> torch.Tensor:
-        """``action_mask`` of rows ``index``, cut like :meth:`tokens`."""
-        return self.action_mask[index, : int(self.lengths[index].max())]
-
-    def row(self, i: int) -> dict[str, list]:
-        """Row ``i`` without padding, as plain lists (the inverse of padding)."""
-        n = int(self.lengths[i])
-        return {
-            "token_ids": self.input_ids[i, :n].tolist(),
-            "action_mask": self.action_mask[i, :n].long().tolist(),
-            "sampler_logprobs": self.sampler_logprobs[i, :n].tolist(),
-        }
-
-
-def collate_episodes(episodes: Sequence[Episode], pad_token_id: int = 0) -> Batch:
-    """Right-pad ``episodes`` into one ``Batch`` (rows in the episodes' order)."""
+def collate_episodes(episodes: Sequence[Episode], pad_token_id: int = 0) -> UpdateBatch:
+    """Right-pad ``episodes`` into one ``UpdateBatch`` (rows in the episodes' order; its
+    advantages are computed by the trainer, which knows the algorithm). A row's weight version
+    is ``Episode.info["policy_version"]`` (0 where absent)."""
     if not episodes:
         raise ValueError("episodes is empty; collect rollouts first")
     for ep in episodes:
@@ -70,14 +33,18 @@ def collate_episodes(episodes: Sequence[Episode], pad_token_id: int = 0) -> Batc
         attention_mask[i, :k] = 1
         action_mask[i, :k] = torch.tensor(ep.action_mask, dtype=torch.float32)
         sampler_logprobs[i, :k] = torch.tensor(ep.sampler_logprobs, dtype=torch.float32)
-    return Batch(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        action_mask=action_mask,
-        sampler_logprobs=sampler_logprobs * action_mask,
+    return UpdateBatch.build(
+        None,
         rewards=torch.tensor([float(e.reward) for e in episodes], dtype=torch.float32),
         group_ids=torch.tensor([e.group_id for e in episodes], dtype=torch.long),
+        mask=action_mask,
         lengths=torch.tensor([len(e.token_ids) for e in episodes], dtype=torch.long),
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        sampler_logprobs=sampler_logprobs * action_mask,
+        versions=torch.tensor(
+            [int(e.info.get("policy_version", 0)) for e in episodes], dtype=torch.long
+        ),
     )
 
 

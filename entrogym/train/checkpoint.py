@@ -121,6 +121,7 @@ def _write_folder(
     base_model: str,
     weights: dict[str, torch.Tensor] | None,
     optimizer_state: dict[str, Any] | None,
+    sampler_weights: dict[int, dict[str, torch.Tensor]] | None = None,
 ) -> None:
     """Everything of one checkpoint into ``tmp``, ``meta.json`` (with checksums) last."""
     tmp.mkdir()
@@ -134,6 +135,7 @@ def _write_folder(
             "scaler": scaler.state_dict() if scaler is not None else None,
             "state": state,
             "rng": rng,
+            "sampler_weights": {str(v): w for v, w in (sampler_weights or {}).items()},
         },
         tmp / STATE_FILE,
     )
@@ -197,6 +199,7 @@ def save_checkpoint(
     weights: dict[str, torch.Tensor] | None = None,
     optimizer_state: dict[str, Any] | None = None,
     rng: dict[str, Any] | None = None,
+    sampler_weights: dict[int, dict[str, torch.Tensor]] | None = None,
 ) -> Path:
     """Write checkpoint ``iteration`` of a run atomically and return its folder.
 
@@ -212,7 +215,9 @@ def save_checkpoint(
     ``optimizer``. The optimizer state is keyed by parameter name either way, so checkpoints
     move freely between one process and a torchrun group. ``rng`` replaces the RNG states of
     the moment with ones captured earlier (:func:`rng_state`), for a checkpoint of an
-    iteration saved after the next one had begun drawing.
+    iteration saved after the next one had begun drawing. ``sampler_weights`` are the
+    trainable weights of older versions an async run still samples with
+    (``entrogym.train.versions``), by version.
     """
     _check_save_args(keep, state)
     rng = rng or rng_state()  # before anything below could draw random numbers
@@ -234,6 +239,7 @@ def save_checkpoint(
             base_model=base_model,
             weights=weights,
             optimizer_state=optimizer_state,
+            sampler_weights=sampler_weights,
         )
         _swap_into_place(tmp, final)
     except BaseException as exc:

@@ -46,6 +46,13 @@ class TrainConfig(AgentConfig):
             kp: 0.3}}``); the algorithm options below list every preset, part and knob.
         dtype: trainer parameter/compute dtype; log-probs for ratios are fp32 regardless.
         iterations: number of collect-then-update iterations.
+        ignore_eos: sample every rollout turn to ``max_response_tokens``: neither EOS nor the
+            template's end-of-turn token ends it (vLLM's ``ignore_eos``). For measuring speed
+            at equal work (``benchmarks/iteration.py``), not for learning anything.
+        max_staleness: K, how many weight versions old a batch may be. 0: collect, then update
+            (synchronous). K >= 1: the rollouts of iterations i+1 .. i+K are collected while
+            iteration i updates, and iteration i trains on the batch sampled by version i - K,
+            rescored under that version (docs/async.md).
         tasks_per_iter: tasks sampled per iteration; each gets ``samples`` rollouts (a group).
         samples: K, rollouts per task (paper: 6).
         early_stop_min_per_task: rollouts per task needed before the batch may stop early.
@@ -107,6 +114,8 @@ class TrainConfig(AgentConfig):
     algo: dict[str, Any] | str = field(default_factory=lambda: {"name": "repo-r"})
     dtype: DTypeName = "fp32"
     iterations: int = 10
+    max_staleness: int = 0
+    ignore_eos: bool = False
     tasks_per_iter: int = 8
     samples: int = 6
     early_stop_min_per_task: int = 4
@@ -194,6 +203,16 @@ class TrainConfig(AgentConfig):
         return EnvLimits(self.env_workers, self.env_timeout, self.env_max_memory_mb)
 
     def _check_run_values(self) -> None:
+        if self.max_staleness < 0:
+            raise ValueError(
+                f"max_staleness must be >= 0 (0 = synchronous), got {self.max_staleness}"
+            )
+        if self.max_loras is not None and self.max_staleness + 1 > self.max_loras:
+            raise ValueError(
+                f"max_staleness {self.max_staleness} samples with the adapters of "
+                f"{self.max_staleness + 1} weight versions, more than max_loras="
+                f"{self.max_loras} the engine holds; raise --max-loras or lower --max-staleness"
+            )
         if self.samples < 2:
             raise ValueError(
                 f"samples must be >= 2 (K rollouts per task form a group), got {self.samples}"

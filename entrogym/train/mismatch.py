@@ -153,7 +153,7 @@ def score_episodes(
                 logp[rows], ent[rows] = lp.cpu(), h.cpu()
             else:
                 logp[rows] = sequence_logprobs(model, ids, att, **logprob_opts).cpu()
-    scored = (logp, batch.sampler_logprobs, batch.action_mask)
+    scored = (logp, batch.sampler_logprobs, batch.mask)
     return (*scored, ent) if with_entropy else scored
 
 

@@ -1,7 +1,10 @@
 """The RL training recipe: collect -> update (rescoring in fp32) -> hand the adapter over.
 
 Read ``Trainer.iteration`` top to bottom: it is the paper's loop (appendix "Training") and holds
-no math of its own; every formula is a named function in ``entrogym.algos``.
+no math of its own; every formula is a named function in ``entrogym.algos``. With
+``max_staleness`` K >= 1 the collection of later iterations' rollouts runs beside the update
+(``entrogym.train.pipeline``), and a stale batch is rescored under the weight version that
+sampled it (``entrogym.train.versions``).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import os
 import pickle
 import random
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -32,7 +36,7 @@ from entrogym.agents.rollout import (
 from entrogym.algos import EntropyControl, UpdateBatch, micro_batches, policy_update
 from entrogym.envs.base import make_text_env, task_ids_of
 from entrogym.train import distributed
-from entrogym.train.batch import Batch, collate_episodes, success_rate, usable_episodes
+from entrogym.train.batch import collate_episodes, success_rate, usable_episodes
 from entrogym.train.checkpoint import (
     CheckpointWarning,
     intact_checkpoints,
@@ -51,6 +55,7 @@ from entrogym.train.logprobs import sequence_logprobs, sequence_logprobs_and_ent
 from entrogym.train.metrics import MetricsLogger, progress, summary_line
 from entrogym.train.mismatch import sampler_entropy_gap, sampler_mismatch
 from entrogym.train.phases import PhaseClock, PhaseHook
+from entrogym.train.pipeline import RolloutPipeline
 from entrogym.train.policy import LoraSettings, load_policy, save_adapter, trainable_parameters
 from entrogym.train.precision import apply_threads, loss_scaler_for, resolve_dtype
 from entrogym.train.run_folder import (
@@ -65,6 +70,7 @@ from entrogym.train.run_folder import (
 from entrogym.train.shutdown import Interrupted, ShutdownRequest
 from entrogym.train.state import TrainState
 from entrogym.train.trackers import Trackers, parse_report_to
+from entrogym.train.versions import WeightVersions
 
 
 class TrainingStopped(RuntimeError):
@@ -96,6 +102,7 @@ class Trainer:
         self.saved: int | None = None  # the iteration of the newest checkpoint on disk
         # envs run in worker processes shared by this process's runs (0: in this process)
         self.env_workers = shared_env_workers(cfg.env_limits()) if cfg.env_workers else 0
+        self._engine_lock = threading.Lock()  # rollouts (maybe a thread) and eval take turns
         self.algo = cfg.algorithm()  # a bad preset is a config error: before the folder
         self.tasks = self._task_ids()  # so is a split smaller than tasks_per_iter
         self.eval_plan = self._plan_evaluation()  # and a bad eval split or eval env
@@ -127,6 +134,10 @@ class Trainer:
         )
         self.scaler = loss_scaler_for(resolve_dtype(cfg.dtype))
         self.control = EntropyControl(self.algo)
+        # the versions a stale batch may come from (K + 1 with the current one)
+        self.versions = (
+            WeightVersions(self.policy, keep=cfg.max_staleness + 1) if cfg.max_staleness else None
+        )
         # Weights load into the whole model, before FSDP2 shards it; the optimizer must be
         # built on the sharded parameters, so its state is restored after.
         resume_from, resume_rows = self._restore_weights(resume_from)
@@ -189,7 +200,8 @@ class Trainer:
         if self.cfg.tasks_per_iter > len(tasks):
             raise ValueError(
                 f"tasks_per_iter ({self.cfg.tasks_per_iter}) is above the {len(tasks)} tasks of "
-                f"split {self.cfg.split!r} of {self.cfg.env}; an iteration draws distinct tasks, "
+                f"{self.cfg.env} (split {self.cfg.split or 'default'}); an iteration draws "
+                "distinct tasks, "
                 f"so pass --tasks-per-iter {len(tasks)} or less (or more --samples per task)"
             )
         return tasks
@@ -240,6 +252,7 @@ class Trainer:
                     lora_rank=cfg.lora_rank,
                     max_num_seqs=cfg.tasks_per_iter * cfg.samples,
                     threads=cfg.threads,
+                    max_loras=cfg.max_staleness + 1,  # the versions the run samples with
                 ),
             )
 
@@ -280,6 +293,8 @@ class Trainer:
             self.policy, self.optimizer, saved["optimizer"], self.ranks
         )
         set_rng_state(saved["rng"])
+        if self.versions is not None and saved.get("sampler_weights"):
+            self.versions.load({int(v): w for v, w in saved["sampler_weights"].items()})
 
     def _say(self, message: str, **kwargs: Any) -> None:
         if self.ranks.main:
@@ -295,46 +310,64 @@ class Trainer:
         cfg = self.cfg
         if self._policy_device().type == "cuda":  # phase timings wait for queued GPU work
             self.phases.sync = torch.cuda.synchronize
-        self.publish_adapter(self.state.start)
-        for it in progress(range(self.state.start, cfg.iterations), desc="iterations", unit="iter"):
-            t0 = time.perf_counter()
-            rng_at_start = rng_state()  # what a checkpoint of it - 1 holds
-            try:
-                row = self.iteration(it)
-            except RolloutsInterrupted:  # nothing of iteration it was applied: save it - 1
-                raise self._interrupted(it - 1, rng=rng_at_start) from None
-            self.state.iteration = it
-            try:
-                with self.phases.time("publish"):
-                    self.publish_adapter(it + 1)  # the updated weights: rollouts, eval, ckpt
-            finally:  # the row is written even when the adapter could not be
-                row["phases_s"] = self.phases.take()
-                row["iteration_s"] = time.perf_counter() - t0
-                self._log(row, it)
-            self._say(summary_line(row))
-            improved = False
-            stopping = self._stop_requested()  # then an evaluation would only delay the stop
-            if (
-                cfg.eval_env
-                and cfg.eval_every
-                and not stopping
-                and (it % cfg.eval_every == 0 or it == cfg.iterations - 1)
-            ):
-                eval_row = self.evaluate(it)
-                self._log(eval_row, it)
-                # an eval with env errors measured the env too: it never marks the best
-                score = eval_row["pass@1"] if eval_row["env_errors"] == 0 else None
-                improved = score is not None and score > self.state.best
-                self.state.best = max(self.state.best, score) if improved else self.state.best
-            if stopping or self._stop_requested():
-                raise self._interrupted(it, best=improved)
-            if (it + 1) % cfg.checkpoint_every == 0 or it == cfg.iterations - 1 or improved:
-                self.checkpoint(it, best=improved)
-            if self.state.bad_steps > cfg.max_bad_steps:
-                raise TrainingStopped(
-                    f"{self.state.bad_steps} optimizer steps were skipped for non-finite losses "
-                    f"or gradients (max_bad_steps={cfg.max_bad_steps}); lower lr or use dtype fp32"
-                )
+        start = self.state.start
+        self.publish_adapter(start)
+        self._publish_older_versions(start)
+        pipeline = RolloutPipeline(
+            self.collect,
+            max_staleness=cfg.max_staleness,
+            start=start,
+            stop=cfg.iterations if self.ranks.main else start,  # rank 0 alone collects
+            floor=min(self.versions.versions()) if self.versions is not None else start,
+            on_thread_start=self._split_threads(),
+        )
+        with pipeline:
+            for it in progress(range(start, cfg.iterations), desc="iterations", unit="iter"):
+                self._fit_iteration(it, pipeline)
+
+    def _fit_iteration(self, it: int, pipeline: RolloutPipeline) -> None:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        rng_at_start = rng_state()  # what a checkpoint of it - 1 holds
+        try:
+            collected = distributed.on_main(lambda: pipeline.get(it), self.ranks)
+            row = self.iteration(it, collected)
+        except RolloutsInterrupted:  # nothing of iteration it was applied: save it - 1
+            raise self._interrupted(it - 1, rng=rng_at_start) from None
+        self.state.iteration = it
+        try:
+            with self.phases.time("publish"):
+                self.publish_adapter(it + 1)  # the updated weights: rollouts, eval, checkpoint
+            pipeline.published(it + 1)
+        finally:  # the row is written even when the adapter could not be
+            row["phases_s"] = self.phases.take()
+            row["iteration_s"] = time.perf_counter() - t0
+            row["rollout_wait_s"] = pipeline.wait_s
+            self._log(row, it)
+        self._say(summary_line(row))
+        improved = False
+        stopping = self._stop_requested()  # then an evaluation would only delay the stop
+        if (
+            cfg.eval_env
+            and cfg.eval_every
+            and not stopping
+            and (it % cfg.eval_every == 0 or it == cfg.iterations - 1)
+        ):
+            eval_row = self.evaluate(it)
+            self._log(eval_row, it)
+            # an eval with env errors measured the env too: it never marks the best
+            score = eval_row["pass@1"] if eval_row["env_errors"] == 0 else None
+            improved = score is not None and score > self.state.best
+            self.state.best = max(self.state.best, score) if improved else self.state.best
+        if stopping or self._stop_requested():
+            raise self._interrupted(it, best=improved)
+        if (it + 1) % cfg.checkpoint_every == 0 or it == cfg.iterations - 1 or improved:
+            self.checkpoint(it, best=improved)
+        if self.state.bad_steps > cfg.max_bad_steps:
+            raise TrainingStopped(
+                f"{self.state.bad_steps} optimizer steps were skipped for non-finite losses "
+                f"or gradients (max_bad_steps={cfg.max_bad_steps}); lower lr or use dtype fp32"
+            )
 
     def _stop_requested(self) -> bool:
         """Whether a signal asked the run to stop (rank 0 decides for a torchrun group)."""
@@ -354,45 +387,77 @@ class Trainer:
     def publish_adapter(self, version: int) -> None:
         """Write the current weights as ``adapters/vNNNNNN`` (one folder per version: engines
         reload a new path) for the rollouts, evaluation and servers that follow, and drop the
-        versions no engine reads any more (checkpoints hold their own copy)."""
+        versions no engine reads any more (checkpoints hold their own copy). With
+        ``max_staleness`` K the K versions before stay, and the learner keeps their weights."""
         weights = distributed.gathered_adapter(self.policy, self.ranks)  # collective under torchrun
         folder = adapter_folder(self.run_dir, version)
+        if self.versions is not None:
+            self.versions.record(version)
         if self.ranks.main:
             try:
                 save_adapter(self.policy, folder, weights)
-                prune_adapters(self.run_dir, version)  # disk stays bounded however long the run
+                # disk stays bounded however long the run: the sampling versions and one before
+                prune_adapters(self.run_dir, version, keep=self.cfg.max_staleness + 2)
             except OSError as exc:
                 raise write_error(exc, str(folder)) from exc
         self.adapter = folder
 
-    def collect(self, it: int) -> tuple[Batch, dict[str, Any]]:
-        """Rank 0: rollouts with the current adapter, as a batch plus the rollout statistics
-        of the metrics row. Raises ``TrainingStopped`` when no usable episode came back."""
+    def _publish_older_versions(self, start: int) -> None:
+        """A resumed async run: the adapter folders of the versions its next batches are
+        sampled by, from the weights its checkpoint kept."""
+        if self.versions is None:
+            return
+        older = [v for v in self.versions.versions() if v < start]
+        for version, weights in self.versions.full(older).items():  # collective under torchrun
+            if self.ranks.main:
+                save_adapter(self.policy, adapter_folder(self.run_dir, version), weights)
+
+    def _split_threads(self) -> Any:
+        """With rollouts beside the update and the engine in this process (``hf``), the two
+        share the cores: the learner keeps ``threads`` (default: half the cores) and the
+        rollout thread takes the rest (at least one). Returns the rollout thread's setup."""
+        if not self.cfg.max_staleness or getattr(self.engine, "kind", None) != "hf":
+            return None
+        cores = os.cpu_count() or 1
+        learner = self.cfg.threads or max(1, cores // 2)
+        torch.set_num_threads(learner)  # this thread's (the learner's) OpenMP team
+        engine = max(1, cores - learner)
+        return lambda: torch.set_num_threads(engine)
+
+    def collect(self, it: int, version: int | None = None) -> tuple[UpdateBatch, dict[str, Any]]:
+        """Rank 0: iteration ``it``'s rollouts, sampled by weight ``version`` (default ``it``,
+        the current weights), as a batch plus the rollout statistics of the metrics row. Safe
+        to run in the rollout thread. Raises ``TrainingStopped`` when no usable episode came
+        back."""
         cfg = self.cfg
+        version = it if version is None else version
         tasks = random.Random(cfg.seed * 1_000_003 + it).sample(self.tasks, cfg.tasks_per_iter)
         t0 = time.perf_counter()
-        rollouts = collect_rollouts(
-            cfg.env,
-            tasks,
-            self.engine,
-            self.agent,
-            k=cfg.samples,
-            sampling=SamplingParams(temperature=cfg.temperature),
-            adapter=str(self.adapter),
-            min_done_per_task=cfg.early_stop_min_per_task,
-            min_done_fraction=cfg.early_stop_fraction,
-            env_kwargs=cfg.env_kwargs,
-            seed=cfg.seed * 1_000_003 + it * len(tasks) * cfg.samples,
-            env_workers=self.env_workers,
-            env_timeout=cfg.env_timeout,
-            # under torchrun, rank 0 alone collects: a stop is only taken between iterations
-            should_stop=None if self.ranks.distributed else self.shutdown.requested,
-        )
+        # In an async run each batch samples from its own stream, whenever the thread gets to it.
+        stream = self.engine.seeded(cfg.seed * 1_000_003 + it) if cfg.max_staleness else None
+        with self._engine_lock, stream or contextlib.nullcontext():
+            rollouts = collect_rollouts(
+                cfg.env,
+                tasks,
+                self.engine,
+                self.agent,
+                k=cfg.samples,
+                sampling=SamplingParams(temperature=cfg.temperature, ignore_eos=cfg.ignore_eos),
+                adapter=str(adapter_folder(self.run_dir, version)),
+                min_done_per_task=cfg.early_stop_min_per_task,
+                min_done_fraction=cfg.early_stop_fraction,
+                env_kwargs=cfg.env_kwargs,
+                seed=cfg.seed * 1_000_003 + it * len(tasks) * cfg.samples,
+                env_workers=self.env_workers,
+                env_timeout=cfg.env_timeout,
+                # under torchrun, rank 0 alone collects: a stop is only taken between iterations
+                should_stop=None if self.ranks.distributed else self.shutdown.requested,
+            )
         # An env that raises or breaks its contract fails its episode (logged once per message);
         # past the allowed share the run stops, naming the first failure.
         check_env_errors(list(rollouts), cfg.max_env_error_fraction)
-        self.phases.add("generation", rollouts.stats["generate_s"])
-        self.phases.add("env", rollouts.stats["env_s"])
+        for episode in rollouts:
+            episode.info["policy_version"] = version
         episodes = usable_episodes([e for e in rollouts if not e.failed])
         if not episodes:
             raise TrainingStopped(f"iteration {it}: no episode with action tokens came back")
@@ -404,44 +469,51 @@ class Trainer:
             "rollout_s": time.perf_counter() - t0,
             "tokens_per_s": rollouts.stats["tokens_per_s"],
             "generated_tokens": rollouts.stats["generated_tokens"],
+            "policy_version": version,
+            "generate_s": rollouts.stats["generate_s"],  # charged to the phases by iteration()
+            "env_s": rollouts.stats["env_s"],
         }
         return collate_episodes(episodes, self.pad_id), stats
 
-    def iteration(self, it: int) -> dict[str, Any]:
+    def iteration(
+        self, it: int, collected: tuple[UpdateBatch, dict[str, Any]] | None = None
+    ) -> dict[str, Any]:
         cfg = self.cfg
-        # 1. Rollouts (rank 0), broadcast to every rank of a torchrun learner.
-        batch, rollout_stats = distributed.on_main(lambda: self.collect(it), self.ranks)
+        # 1. Rollouts (rank 0), broadcast to every rank of a torchrun learner; ``fit`` hands
+        #    them over from its rollout pipeline.
+        if collected is None:
+            collected = distributed.on_main(lambda: self.collect(it), self.ranks)
+        batch, rollout_stats = collected[0], dict(collected[1])
+        self.phases.add("generation", rollout_stats.pop("generate_s"))
+        self.phases.add("env", rollout_stats.pop("env_s"))
+        staleness = it - batch.versions
 
         # 2. The preset's update: advantages, entropy control, clipped loss, steps. The old
         #    log-probs are rescored here in fp32 (never the engine's): by the update itself,
-        #    which reuses the on-policy first minibatch's scoring pass.
+        #    which reuses the on-policy first minibatch's scoring pass, or, for a stale batch,
+        #    under the weights of the version that sampled it.
         entropy_check = self.sampler_entropy_check(batch) if cfg.sampler_entropy_check else {}
         t0 = time.perf_counter()
         self._grad_norms = []
-        experience = UpdateBatch.build(
-            self.algo.advantage,
-            rewards=batch.rewards,
-            group_ids=batch.group_ids,
-            mask=batch.action_mask,
-            lengths=batch.lengths,
-        )
+        batch.compute_advantages(self.algo.advantage)
+        if bool((staleness > 0).any()):  # the ratio's denominator: the policy that sampled
+            batch.old_logprobs = self.sampling_version_logprobs(batch, it)
         metrics = policy_update(
             self.control,
-            experience,
+            batch,
             score=lambda index, need: self.score(batch, index, need),
             backward=self.backward,
             step=self.step,
             zero_grad=lambda: self.optimizer.zero_grad(set_to_none=True),
             micro_batch_size=cfg.micro_batch_size,
             generator=torch.Generator().manual_seed(cfg.seed * 1_000_003 + it),
+            version=it,
         )
         update_s = time.perf_counter() - t0
-        mismatch = sampler_mismatch(
-            experience.old_logprobs, batch.sampler_logprobs, batch.action_mask
-        )
+        mismatch = sampler_mismatch(batch.old_logprobs, batch.sampler_logprobs, batch.mask)
         self.state.bad_steps += metrics["skipped_steps"]
         self.state.cumulative_entropy += metrics["entropy"]
-        n_groups = experience.n_groups
+        n_groups = batch.n_groups
         if metrics["zero_adv_groups"] == n_groups:
             self._say(
                 f"iteration {it}: all {n_groups} groups have equal rewards within the group; "
@@ -455,6 +527,8 @@ class Trainer:
             "cumulative_entropy": self.state.cumulative_entropy,
             **rollout_stats,
             "learner_tokens": int(batch.lengths.sum()),
+            "staleness_mean": float(staleness.float().mean()),
+            "staleness_max": int(staleness.max()),
             "groups": n_groups,
             "sampler_mismatch": mismatch["mean_abs_diff"],
             "sampler_mismatch_max": mismatch["max_abs_diff"],
@@ -466,23 +540,39 @@ class Trainer:
             "learner_ranks": self.ranks.world,
         }
 
-    def sampler_entropy_check(self, batch: Batch) -> dict[str, Any]:
+    def sampling_version_logprobs(self, batch: UpdateBatch, it: int) -> torch.Tensor:
+        """fp32 log-probs ``[B, T]`` of every row under the weight version that sampled it
+        (``batch.versions``; the current weights are version ``it``): the ratio's denominator
+        for a stale batch, scored exactly as the update scores its own rows."""
+        out = torch.zeros(batch.mask.shape)
+        for version in sorted(set(batch.versions.tolist())):
+            rows = (batch.versions == version).nonzero().flatten()
+            weights = (
+                contextlib.nullcontext() if version == it else self.versions.weights_of(version)
+            )  # type: ignore[union-attr]
+            with weights, torch.no_grad():
+                for index in micro_batches(rows, self.cfg.micro_batch_size):
+                    lp, _ = self.score(batch, index, need_entropy=False)
+                    out[index, : lp.shape[1]] = lp
+        return out
+
+    def sampler_entropy_check(self, batch: UpdateBatch) -> dict[str, Any]:
         """Opt-in: did the engine draw from the policy? One extra no-grad pass for the exact
         entropies at the sampled positions (``sampler_entropy_gap``; |z| > 4 fails)."""
         logprobs, entropies = [], []
         with torch.no_grad():
             for index in micro_batches(torch.arange(len(batch)), self.cfg.micro_batch_size):
                 lp, ent = self.score(batch, index, need_entropy=True)
-                width = batch.action_mask.shape[1]
+                width = batch.mask.shape[1]
                 logprobs.append(torch.nn.functional.pad(lp, (0, width - lp.shape[1])))
                 entropies.append(torch.nn.functional.pad(ent, (0, width - ent.shape[1])))
-        check = sampler_entropy_gap(torch.cat(logprobs), torch.cat(entropies), batch.action_mask)
+        check = sampler_entropy_gap(torch.cat(logprobs), torch.cat(entropies), batch.mask)
         return {"sampler_entropy_gap": check["gap"], "sampler_entropy_z": check["z"]}
 
     # ----- pieces the update calls ----------------------------------------------------------
 
     def score(
-        self, batch: Batch, index: torch.Tensor, need_entropy: bool
+        self, batch: UpdateBatch, index: torch.Tensor, need_entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """fp32 log-probs (and exact entropies) of rows ``index`` (one micro-batch of the
         update), ``[b, t]`` with ``t`` their longest row, under the caller's grad mode. Under
@@ -544,17 +634,21 @@ class Trainer:
         cfg = self.cfg
 
         def run() -> dict[str, Any]:
-            plan = self.eval_plan or self._plan_evaluation()
-            result = run_evaluation(self.engine, self.agent, plan, samples=cfg.eval_samples,
-                                    adapter=str(self.adapter), temperature=cfg.temperature,
-                                    seed=cfg.seed, env_workers=self.env_workers,
-                                    env_timeout=cfg.env_timeout)  # fmt: skip
+            with self._engine_lock:  # the rollout thread and evaluation take turns
+                plan = self.eval_plan or self._plan_evaluation()
+                result = run_evaluation(self.engine, self.agent, plan, samples=cfg.eval_samples,
+                                        adapter=str(self.adapter), temperature=cfg.temperature,
+                                        seed=cfg.seed, env_workers=self.env_workers,
+                                        env_timeout=cfg.env_timeout)  # fmt: skip
             return {"kind": "eval", "iteration": it, "env": cfg.eval_env, **result.summary}
 
         return distributed.on_main(run, self.ranks)
 
     def checkpoint(self, it: int, best: bool = False, rng: dict[str, Any] | None = None) -> None:
         """Write checkpoint ``it`` (rank 0). ``rng``: the RNG states to store (default: now)."""
+        # the weights of the versions the next batches were sampled by (async): collective
+        older = [v for v in self.versions.versions() if v <= it] if self.versions else []
+        sampler_weights = self.versions.full(older) if self.versions else None
         gathered = {}
         if self.ranks.distributed:  # collectives: every rank takes part, rank 0 writes
             gathered = {
@@ -578,6 +672,7 @@ class Trainer:
                 base_model=self.cfg.model,
                 best=best,
                 rng=rng,
+                sampler_weights=sampler_weights,
                 **gathered,
             )
         except OSError as exc:

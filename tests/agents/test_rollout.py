@@ -139,7 +139,7 @@ def test_arithmetic_rollouts_feed_the_trainer(engine):
         assert e.info["truncated_by"] == "turn" and e.info["timing"]["generate_s"] > 0
         assert e.env_id == "entrogym/Arithmetic-v0"
     batch = collate_episodes(eps, 0)
-    assert int(batch.action_mask.sum()) == 48
+    assert int(batch.mask.sum()) == 48
     model = load_base_model(MODEL, dtype="fp32")
     m = episodes_mismatch(model, eps, batch_size=4)
     assert m["num_tokens"] == 48 and m["max_abs_diff"] < 1e-4

@@ -338,7 +338,7 @@ def test_episode_buffer_round_trips_ragged_episodes():
     episodes = [_episode(i, n, g) for i, (n, g) in enumerate([(3, 7), (9, 7), (1, 42), (5, 42)])]
     batch = collate_episodes(episodes, pad_token_id=0)
     assert batch.input_ids.shape == (4, 9)
-    assert batch.group_ids.tolist() == [7, 7, 42, 42]
+    assert batch.group_ids.tolist() == [0, 0, 1, 1]  # 7 and 42, renumbered in order
     assert batch.rewards.tolist() == [0.0, 1.0, 0.0, 1.0]
     for i, ep in enumerate(episodes):
         row = batch.row(i)

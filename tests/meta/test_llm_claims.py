@@ -92,7 +92,7 @@ def test_one_real_update_moves_the_ratios_and_rounding_changes_only_bf16(tiny_ba
             frac = after[name][f"clip_frac_{side}"]
             assert 0 <= frac <= 1
             assert frac == pytest.approx(after[name][f"clipped_{side}"] / after["tokens"])
-    assert after["tokens"] == int(tiny_batch.action_mask.sum())
+    assert after["tokens"] == int(tiny_batch.mask.sum())
 
 
 def test_command_end_to_end_with_a_table(capsys):

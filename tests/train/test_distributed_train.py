@@ -26,13 +26,18 @@ MODEL = "tiny-random-llama"
 @pytest.fixture(scope="module")
 def server():
     engine = make_engine(
-        "vllm-server", resolve_model(MODEL), dtype="fp32", max_model_len=512, kv_cache_gb=1
+        "vllm-server",
+        resolve_model(MODEL),
+        dtype="fp32",
+        max_model_len=512,
+        kv_cache_gb=1,
+        max_loras=2,  # what --max-staleness 1 samples with
     )
     yield engine.urls[0]
     engine.close()
 
 
-def run_learner(procs: int, out: Path, engine: list[str]) -> list[dict]:
+def run_learner(procs: int, out: Path, engine: list[str], iterations: int = 2) -> list[dict]:
     torchrun = Path(sys.executable).with_name("torchrun")
     cmd = [
         str(torchrun),
@@ -55,7 +60,7 @@ def run_learner(procs: int, out: Path, engine: list[str]) -> list[dict]:
         resolve_model(MODEL),
         *engine,
         "--iterations",
-        "2",
+        str(iterations),
         "--tasks-per-iter",
         "2",
         "--samples",
@@ -88,7 +93,8 @@ def run_learner(procs: int, out: Path, engine: list[str]) -> list[dict]:
 @pytest.fixture(scope="module")
 def served_run(server, tmp_path_factory):
     out = tmp_path_factory.mktemp("dist") / "served"
-    return out, run_learner(2, out, ["--engine", "vllm-server", "--engine-urls", server])
+    engine = ["--engine", "vllm-server", "--engine-urls", server, "--max-staleness", "1"]
+    return out, run_learner(2, out, engine, iterations=3)
 
 
 @pytest.fixture(scope="module")
@@ -101,16 +107,25 @@ def hf_runs(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_two_rank_learner_runs_two_iterations_with_vllm_server(served_run):
+def test_two_rank_learner_trains_beside_rollouts_from_vllm_server(served_run):
+    """The async loop (--max-staleness 1) with a vllm-server URL and a 2-rank torchrun learner:
+    rank 0's rollout thread samples iteration i + 1 from the server while every rank updates
+    iteration i; the stale batches are rescored under their version on both ranks."""
     out, rows = served_run
-    assert [r["iteration"] for r in rows] == [0, 1]
+    assert [r["iteration"] for r in rows] == [0, 1, 2]
     assert all(r["learner_ranks"] == 2 for r in rows)
     assert all(r["episodes"] == 6 and r["optimizer_steps"] >= 1 for r in rows)
-    # iteration 1 sampled from the adapter iteration 0 wrote (loaded by the server at run time)
+    assert [r["policy_version"] for r in rows] == [0, 0, 1]
+    assert [r["staleness_max"] for r in rows] == [0, 1, 1]
+    # iteration 2 sampled from the adapter iteration 0 wrote (loaded by the server at run time)
     assert (out / "adapters" / "v000001" / "adapter_model.safetensors").is_file()
     ckpt = latest_checkpoint(out)
-    assert ckpt is not None and ckpt.name.endswith("1")
-    assert read_training_state(ckpt)["optimizer"]["state"], "optimizer state was not gathered"
+    assert ckpt is not None and ckpt.name.endswith("2")
+    state = read_training_state(ckpt)
+    assert state["optimizer"]["state"], "optimizer state was not gathered"
+    # the version the next batch samples with, gathered from both ranks' shards
+    (kept,) = state["sampler_weights"].values()
+    assert kept and all(t.dim() == 2 for t in kept.values())
 
 
 @pytest.mark.slow

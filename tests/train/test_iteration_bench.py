@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import bench_common  # noqa: E402
 import bench_entrogym  # noqa: E402
+import bench_report  # noqa: E402
 import iteration  # noqa: E402
 
 from entrogym.train.policy import load_base_model  # noqa: E402
@@ -65,6 +66,11 @@ def test_options_reach_the_train_config(tmp_path, scoring, layout, action_only):
     assert (cfg.tasks_per_iter, cfg.samples, cfg.micro_batch_size) == (2, 2, 2)
     algo = cfg.algorithm()
     assert (algo.name, algo.epochs, algo.minibatch_size) == ("grpo", 1, 2)
+    assert cfg.ignore_eos and cfg.max_staleness == 0  # equal work by default
+    cfg = bench_entrogym.train_config(work, "hf", scoring, tmp_path, max_staleness=1)
+    assert cfg.max_staleness == 1
+    natural = _workload(tmp_path, "--natural-lengths")
+    assert not bench_entrogym.train_config(natural, "hf", scoring, tmp_path).ignore_eos
 
 
 def test_worker_runs_the_trainers_fit_and_reports_its_phases(tmp_path):
@@ -84,18 +90,55 @@ def test_worker_runs_the_trainers_fit_and_reports_its_phases(tmp_path):
     assert out["threads"] == 1 and out["startup_s"] > 0
 
 
-def test_table_shows_both_frameworks_and_the_ratios():
-    def side(seconds, rss):
-        return {"seconds_per_iteration": [seconds, seconds + 1], "peak_rss_mb": rss,
-                "median_seconds_per_iteration": seconds, "startup_s": 6.0}  # fmt: skip
+def test_async_worker_runs_rollouts_beside_the_update_at_full_length(tmp_path):
+    args = ["--model", "tiny-random-llama", "--tasks", "2", "--samples", "2", "--iterations", "2"]
+    work = iteration.build_workload(iteration.parse_args(args))
+    out = bench_entrogym.run(work, "hf", "fast", max_staleness=1)
+    first, second = out["iterations"]
+    assert not first["beside"] and second["beside"]  # iteration 1 trains on version 0's batch
+    assert "wait" in second["phases_s"] and "wait" not in first["phases_s"]
+    # EOS ignored: every completion runs to the budget, so the work is known in advance
+    budget = work.settings["max_response_tokens"]
+    assert first["generated_tokens"] == second["generated_tokens"] == 2 * 2 * budget
 
-    mine = side(19.4, 4051) | {"phases_s": {"generation": 8.2}, "learner_gflops_per_s": 145.0,
-                               "ceiling_gflops": {"fp32": 363.9, "bf16": 2224.1}}  # fmt: skip
-    report = {"entrogym": mine, "trl": side(24.6, 2818), "learner_ceiling_fraction": 0.39,
-              "speedup_vs_trl": 1.27, "speedup_vs_trl_per_rep": [1.4, 1.27], "rss_vs_trl": 1.44}  # fmt: skip
-    text = iteration.table(report)
-    assert "| entrogym | 19.4 | 19.4, 20.4 | 4051 | 6.0 |" in text
-    assert "| TRL | 24.6 |" in text and "speedup_vs_trl 1.27" in text
-    assert "generation 8.20" in text and "'fp32': 364" in text
-    del report["trl"], report["speedup_vs_trl"]
-    assert "TRL" not in iteration.table(report)
+
+def _worker_result(seconds, gen, learn, load=1.0, phases=True):
+    it = {"seconds": seconds, "generated_tokens": gen, "learner_tokens": learn}
+    if phases:
+        it |= {"phases_s": {"generation": 8.0}, "generated_tokens_per_s": 100.0,
+               "learner_tokens_per_s": 300.0, "learner_gflops_per_s": 150.0,
+               "sampler_mismatch": 1e-6}  # fmt: skip
+    return {"iterations": [it, it, it], "peak_rss_mb": 3000.0, "startup_s": 6.0, "threads": 2,
+            "ceiling_gflops": {"fp32": 300.0, "bf16": 900.0}, "load_1min": load}  # fmt: skip
+
+
+def test_report_gives_every_ratio_flags_outliers_and_checks_equal_work():
+    runs = {
+        "entrogym": [_worker_result(s, 1152, 4000) for s in (20.0, 21.0, 19.0, 50.0)],
+        "entrogym_async": [_worker_result(s, 1152, 4000) for s in (12.0, 12.5, 13.0, 12.0)],
+        "trl": [_worker_result(s, 1140, 4100, phases=False) for s in (40.0, 41.0, 39.0, 40.0)],
+    }
+    args = iteration.parse_args(["--model", "tiny-random-llama"])
+    report = bench_report.build_report(runs, args, {})
+    assert report["speedup_vs_trl"] == round(40.0 / 20.5, 3)
+    assert report["speedup_vs_trl_async"] == round(40.0 / 12.25, 3)
+    assert report["async_vs_sync"] == round(20.5 / 12.25, 3)
+    per_gen = (40.0 / 1140) / (20.5 / 1152)
+    assert report["speedup_vs_trl_per_generated_token"] == round(per_gen, 3)
+    assert report["speedup_vs_trl_per_learner_token"] == round((40 / 4100) / (20.5 / 4000), 3)
+    assert "speedup_vs_trl_async_per_learner_token" in report
+    assert report["equal_work"] == {"generated_tokens_ratio": round(1152 / 1140, 4),
+                                    "within_2_percent": True}  # fmt: skip
+    for side in ("entrogym", "trl"):
+        assert report[side]["generated_tokens_per_iteration"] > 0
+        assert report[side]["learner_tokens_per_iteration"] > 0
+    assert [r["flagged"] for r in report["entrogym"]["repetitions"]] == [False] * 3 + [True]
+    text = bench_report.table(report)
+    assert "| entrogym sync | 20.5 | 20.0 (1.0), 21.0 (1.0), 19.0 (1.0), 50.0 (1.0)! |" in text
+    assert "| TRL | 40.0 |" in text and "| entrogym async | 12.2 |" in text
+    assert "speedup_vs_trl_async 3.265" in text and "more than 2x the median" in text
+
+
+def test_timed_iteration_is_the_middle_one():
+    assert bench_report.timed_index(3) == 1 and bench_report.timed_index(2) == 1
+    assert bench_report.timed_index(1) == 0 and bench_report.timed_index(5) == 1

@@ -14,7 +14,7 @@ from lora_policy import randomise_lora_b
 from entrogym.agents.episode import Episode
 from entrogym.algos import EntropyControl, UpdateBatch, build_algorithm, policy_update
 from entrogym.algos.update import score_old_logprobs
-from entrogym.train.batch import Batch, collate_episodes
+from entrogym.train.batch import collate_episodes
 from entrogym.train.logprobs import sequence_logprobs, sequence_logprobs_and_entropy
 from entrogym.train.policy import apply_lora, load_base_model, trainable_parameters
 
@@ -24,7 +24,7 @@ def model() -> torch.nn.Module:
     return randomise_lora_b(apply_lora(load_base_model("tiny-random-llama"), seed=0), seed=1)
 
 
-def _batch() -> Batch:
+def _batch() -> UpdateBatch:
     gen = torch.Generator().manual_seed(0)
     episodes = []
     for i in range(8):
@@ -36,7 +36,7 @@ def _batch() -> Batch:
     return collate_episodes(episodes, pad_token_id=0)
 
 
-def _update(model, batch: Batch, preset: str, *, reuse: bool, lr: float):
+def _update(model, batch: UpdateBatch, preset: str, *, reuse: bool, lr: float):
     cfg = build_algorithm({"name": preset, "minibatch_size": 4})
     params = list(trainable_parameters(model))
     start = [p.detach().clone() for p in params]
@@ -58,7 +58,7 @@ def _update(model, batch: Batch, preset: str, *, reuse: bool, lr: float):
         cfg.advantage,
         rewards=batch.rewards,
         group_ids=batch.group_ids,
-        mask=batch.action_mask,
+        mask=batch.mask,
         lengths=batch.lengths,
     )
     if not reuse:  # the two-pass path: every row scored before the update
@@ -87,7 +87,7 @@ def test_reused_scores_give_the_two_pass_gradients_and_metrics(model, preset, lr
     g2, m2, old2, w2 = _update(model, batch, preset, reuse=False, lr=lr)
     g1, m1, old1, w1 = _update(model, batch, preset, reuse=True, lr=lr)
     torch.testing.assert_close(old1, old2, rtol=0, atol=1e-6)
-    assert bool((old1[batch.action_mask.bool()] < 0).all())  # real log-probs everywhere
+    assert bool((old1[batch.mask.bool()] < 0).all())  # real log-probs everywhere
     assert len(g1) == len(g2) == 4  # 2 epochs x 2 minibatches
     for step1, step2 in zip(g1, g2, strict=True):
         for a, b in zip(step1, step2, strict=True):

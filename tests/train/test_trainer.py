@@ -109,19 +109,23 @@ def _cli_args(out: Path, iterations: int) -> list[str]:
     return args
 
 
+def _kill_at_checkpoint(p: subprocess.Popen, run: Path, name: str = "iter-000001") -> None:
+    """SIGKILL the run ``p`` as soon as its checkpoint ``name`` exists."""
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        ckpt = latest_checkpoint(run)
+        if ckpt is not None and ckpt.name == name:
+            break
+        time.sleep(0.1)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+
+
 def test_resume_after_kill_equals_uninterrupted_run(tmp_path):
     full, killed = tmp_path / "full", tmp_path / "killed"
     p = _run_cli(_cli_args(full, 3))
     assert p.wait(timeout=600) == 0, p.stdout.read()
-    p = _run_cli(_cli_args(killed, 3))
-    deadline = time.time() + 600
-    while time.time() < deadline:
-        ckpt = latest_checkpoint(killed)
-        if ckpt is not None and ckpt.name == "iter-000001":
-            break
-        time.sleep(0.2)
-    os.kill(p.pid, signal.SIGKILL)
-    p.wait()
+    _kill_at_checkpoint(_run_cli(_cli_args(killed, 3)), killed)
     p = _run_cli([*_cli_args(killed, 3), "--resume", "true"])
     output = p.communicate(timeout=600)[0]
     assert p.returncode == 0, output

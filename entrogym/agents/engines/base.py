@@ -47,7 +47,8 @@ def engine_dtype(dtype: str) -> str:
 class SamplingParams:
     """What to sample for one prompt. ``top_k=0`` and ``top_p=1`` switch those filters off;
     ``temperature=0`` is greedy. Generation stops at the model's EOS and at ``stop_token_ids``
-    (the stop token is kept in the completion)."""
+    (the stop token is kept in the completion); with ``ignore_eos`` at neither: every completion
+    has ``max_tokens`` tokens (vLLM's ``ignore_eos``; for measuring engines at equal work)."""
 
     max_tokens: int = 256
     temperature: float = 1.0
@@ -55,6 +56,7 @@ class SamplingParams:
     top_k: int = 0
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:

@@ -56,7 +56,8 @@ class HFEngine(Engine):
     """Args: ``model`` (folder or hub id), ``dtype``, ``max_model_len``, ``seed`` (torch's global
     seed at start), ``device``, ``max_num_seqs`` (sequences per ``generate`` batch; None =
     :func:`hf_max_num_seqs`, sized from the model and ``max_model_len``): a call with more
-    prompts runs them batch after batch, so its memory is bounded whatever it is given."""
+    prompts runs them batch after batch, so its memory is bounded whatever it is given;
+    ``max_loras``: adapters kept loaded at once (the least recently used one goes first)."""
 
     kind = "hf"
 
@@ -69,8 +70,12 @@ class HFEngine(Engine):
         seed: int = 0,
         device: str = "cpu",
         max_num_seqs: int | None = None,
+        max_loras: int = 1,
     ) -> None:
         super().__init__(model, max_model_len=max_model_len, seed=seed)
+        if isinstance(max_loras, bool) or not isinstance(max_loras, int) or max_loras < 1:
+            raise ValueError(f"max_loras must be a positive integer, got {max_loras!r}")
+        self.max_loras = max_loras
         name = engine_dtype(dtype)
         self.dtype = torch.float32 if name == "auto" else getattr(torch, name)
         self.device = torch.device(device)
@@ -123,22 +128,20 @@ class HFEngine(Engine):
         if adapter is None:
             return self._model
         key = adapter_key(adapter)
-        name = self._adapters.get(key)
+        name = self._adapters.pop(key, None)
         if name is None:
             self._loaded += 1
             name = f"adapter-{self._loaded}"
             if isinstance(self._model, PeftModel):
-                old = list(self._model.peft_config)
                 self._model.load_adapter(adapter, adapter_name=name)
-                self._model.set_adapter(name)
-                for old_name in old:  # keep one adapter in memory, as vLLM with max_loras=1
-                    self._model.delete_adapter(old_name)
-                self._adapters = {k: v for k, v in self._adapters.items() if v not in old}
             else:
                 self._model = PeftModel.from_pretrained(self._model, adapter, adapter_name=name)
             self._model.eval()
-            self._adapters[key] = name
+        self._adapters[key] = name  # the most recently used last
         self._model.set_adapter(name)
+        while len(self._adapters) > self.max_loras:  # at most max_loras, as vLLM keeps
+            oldest = next(iter(self._adapters))
+            self._model.delete_adapter(self._adapters.pop(oldest))
         return self._model
 
     @torch.no_grad()
@@ -186,7 +189,7 @@ class HFEngine(Engine):
         for row, ids in enumerate(prompts):
             input_ids[row, width - len(ids) :] = torch.tensor(ids)
             attention[row, width - len(ids) :] = 1
-        stops = sorted(set(self._eos) | set(p.stop_token_ids))
+        stops = [] if p.ignore_eos else sorted(set(self._eos) | set(p.stop_token_ids))
         config = copy.deepcopy(self._gen_config)
         config.update(
             do_sample=p.temperature > 0,
@@ -251,7 +254,7 @@ class SampledLogprobs:
 
 
 def _settings(p: SamplingParams) -> tuple:
-    return (p.temperature, p.top_p, p.top_k, p.stop_token_ids, p.seed)
+    return (p.temperature, p.top_p, p.top_k, p.stop_token_ids, p.seed, p.ignore_eos)
 
 
 def _as_list(value: Any) -> list[int]:

@@ -190,7 +190,8 @@ class VLLMEngine(Engine):
                 presence_penalty=0.0,
                 frequency_penalty=0.0,
                 seed=p.seed,
-                stop_token_ids=list(p.stop_token_ids),
+                stop_token_ids=[] if p.ignore_eos else list(p.stop_token_ids),
+                ignore_eos=p.ignore_eos,
                 logprobs=0,  # the sampled token's log-prob only
                 detokenize=False,
                 skip_special_tokens=False,

@@ -129,6 +129,9 @@ class VLLMServerEngine(Engine):
         _check_retry_options(request_timeout, max_retries, retry_backoff)
         self.urls = [u.rstrip("/") for u in urls] if urls else []
         self.max_lora_rank = vllm_max_lora_rank(max_lora_rank)
+        if isinstance(max_loras, bool) or not isinstance(max_loras, int) or max_loras < 1:
+            raise ValueError(f"max_loras must be a positive integer, got {max_loras!r}")
+        self.max_loras = max_loras
         self.request_timeout = float(request_timeout)
         self.max_retries = max_retries
         self.retry_backoff = float(retry_backoff)
@@ -154,7 +157,8 @@ class VLLMServerEngine(Engine):
         self._session = requests.Session()
         adapter_pool = requests.adapters.HTTPAdapter(pool_maxsize=max_concurrency)
         self._session.mount("http://", adapter_pool)
-        self._loaded: dict[str, tuple[tuple[str, int], str]] = {}  # url -> (adapter key, name)
+        # url -> {adapter key: name}, least recently used first; at most max_loras per server
+        self._loaded: dict[str, dict[tuple[str, int], str]] = {}
         self._client = uuid.uuid4().hex[:8]
         self._names: dict[tuple[str, int], str] = {}
         self._lock = threading.Lock()  # guards _down, _loaded, _names and failovers
@@ -300,7 +304,8 @@ class VLLMServerEngine(Engine):
 
     def _model_for(self, url: str, adapter: str | None) -> str:
         """The model name to request at ``url``: the base model, or ``adapter`` loaded there
-        (once per server and adapter version; the previous version is unloaded)."""
+        (once per server and adapter version; beyond ``max_loras`` versions the least recently
+        used one is unloaded)."""
         if adapter is None:
             return self.model
         key = adapter_key(adapter)
@@ -310,17 +315,20 @@ class VLLMServerEngine(Engine):
                 name = self._names.setdefault(
                     key, f"entrogym-{self._client}-{len(self._names) + 1}"
                 )
-                current = self._loaded.get(url)
-            if current is not None and current[0] == key:
-                return name
+                loaded = self._loaded.setdefault(url, {})
+                if key in loaded:
+                    loaded[key] = loaded.pop(key)  # most recently used last
+                    return name
             self._load(url, name, adapter)
-            if current is not None:
-                try:  # free the previous version's slot; a failure here only costs memory
-                    self._request("POST", url, "/v1/unload_lora_adapter", {"lora_name": current[1]})
-                except (ServerError, ConnectionError) as e:
-                    log.warning("unloading adapter %s from %s failed: %s", current[1], url, e)
             with self._lock:
-                self._loaded[url] = (key, name)
+                loaded[key] = name
+                evict = list(loaded)[: max(0, len(loaded) - self.max_loras)]
+                gone = [loaded.pop(k) for k in evict]
+            for old in gone:
+                try:  # free the old version's slot; a failure here only costs memory
+                    self._request("POST", url, "/v1/unload_lora_adapter", {"lora_name": old})
+                except (ServerError, ConnectionError) as e:
+                    log.warning("unloading adapter %s from %s failed: %s", old, url, e)
         return name
 
     def _load(self, url: str, name: str, adapter: str) -> None:
@@ -370,7 +378,8 @@ def request_body(prompt: list[int], p: SamplingParams) -> dict[str, Any]:
         "repetition_penalty": 1.0,
         "presence_penalty": 0.0,
         "frequency_penalty": 0.0,
-        "stop_token_ids": list(p.stop_token_ids),
+        "stop_token_ids": [] if p.ignore_eos else list(p.stop_token_ids),
+        "ignore_eos": p.ignore_eos,
         "logprobs": 0,
         "return_token_ids": True,
         "return_tokens_as_token_ids": True,
