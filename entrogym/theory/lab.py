@@ -73,6 +73,9 @@ class LabConfig:
         optimizer: ``sgd`` or ``adam``.
         lr: learning rate of the tabular logits.
         max_grad_norm: gradient clipping (0 = none).
+        max_staleness: K, as the trainer's ``--max-staleness``: iteration i samples with the
+            policy after update i - K (0: the current one) and trains on that stale batch, with
+            the sampling policy's log-probs as the ratio's denominator (docs/async.md).
         algo: algorithm options applied to every chosen preset (``{"controller": {"name":
             "pi"}}``, the command line's ``--algo.controller pi``); lever and controller options
             apply to the presets that have a lever unless they name the lever. An entry's own
@@ -92,6 +95,7 @@ class LabConfig:
     optimizer: str = "sgd"
     lr: float = 64.0
     max_grad_norm: float = 0.0
+    max_staleness: int = 0
     algo: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -123,6 +127,8 @@ class LabConfig:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0, got {self.max_staleness}")
         if self.max_grad_norm < 0:
             raise ValueError(
                 f"max_grad_norm must be >= 0 (0 = no clipping), got {self.max_grad_norm}"
@@ -251,17 +257,21 @@ def run_one(
         "reward": float(policy.expected_rewards(means).mean()),
     }
     rows = []
+    versions = [policy.logits.detach().clone()]  # the logits after each update, as sampled
     for iteration in range(lab.iters):
-        actions = policy.sample(states, generator)
+        version = max(0, iteration - lab.max_staleness)  # the policy that samples this batch
+        sampler = policy if version == iteration else TabularSoftmaxPolicy(versions[version])
+        actions = sampler.sample(states, generator)
         rewards = torch.as_tensor(env.sample_rewards(states.numpy(), actions.numpy()))
         with torch.no_grad():
-            old_logprobs = policy.action_logprobs(states, actions)
+            old_logprobs = sampler.action_logprobs(states, actions)
         batch = UpdateBatch.build(
             config.advantage,
             rewards=rewards.float(),
             group_ids=states,
             mask=torch.ones(len(states), 1),  # one action per trajectory
             old_logprobs=old_logprobs,
+            versions=torch.full((len(states),), version),
         )
         m = policy_update(
             control,
@@ -271,7 +281,9 @@ def run_one(
             step=_stepper(lab, policy, optimizer),
             zero_grad=optimizer.zero_grad,
             generator=generator,
+            version=iteration,
         )
+        versions.append(policy.logits.detach().clone())
         row = {"algo": name, "seed": seed, "iteration": iteration, **_row(policy, means, m)}
         row.update({key: m[key] for key in control.metrics() if key not in row})  # custom ones
         rows.append(row)
