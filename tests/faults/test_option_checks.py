@@ -48,6 +48,12 @@ BAD = [
     (["--env-workers", "-1"], "env_workers must be >= 0, got -1"),
     (["--env-max-memory-mb", "10"], "env_max_memory_mb must be >= 256, got 10"),
     (["--shutdown-grace", "-1"], "shutdown_grace must be >= 0 seconds, got -1.0"),
+    (["--max-staleness", "-1"], "max_staleness must be >= 0 (0 = synchronous), got -1"),
+    (
+        ["--max-staleness", "2", "--max-loras", "2"],
+        "max_staleness 2 samples with the adapters of 3 weight versions, more than max_loras=2 "
+        "the engine holds; raise --max-loras or lower --max-staleness",
+    ),
     (
         ["--algo", "grpo", "--algo.loss.eps-low", "-1"],
         "algo.loss.eps_low must be in [0, 1) (the ratio's lower bound 1 - eps_low must stay "
