@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from entrogym.agents.agent import LLMAgent
-from entrogym.agents.engines import Engine, SamplingParams, make_engine
+from entrogym.agents.engines import Engine, SamplingParams, make_engine, resolve_engine_kind
+from entrogym.agents.engines.shared_weights import frozen_base_tensors
 from entrogym.agents.env_workers import check_portable, shared_env_workers
 from entrogym.agents.rollout import (
     EnvErrorBudgetExceeded,
@@ -254,7 +255,16 @@ class Trainer:
                     threads=cfg.threads,
                     max_loras=cfg.max_staleness + 1,  # the versions the run samples with
                 ),
+                **self._shared_base_weights(),
             )
+
+    def _shared_base_weights(self) -> dict[str, Any]:
+        """An in-process ``hf`` engine samples with the learner's frozen base weights (one
+        copy in memory, not two; it loads its own where the dtypes differ). Not under torchrun,
+        where FSDP2 has sharded them."""
+        if resolve_engine_kind(self.cfg.engine) != "hf" or self.ranks.distributed:
+            return {}
+        return {"base_weights": frozen_base_tensors(self.policy)}
 
     def _restore_weights(self, newest: Path | None) -> tuple[Path | None, int | None]:
         """Load --init-adapter, or the weights and trainer state of the newest checkpoint that

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 
 from entrogym.agents.engines.base import Completion, Engine, SamplingParams, engine_dtype
+from entrogym.agents.engines.shared_weights import model_on_tensors
 from entrogym.agents.engines.vllm_engine import adapter_key
 
 # What one ``generate`` batch may hold at full context: its KV cache plus its logit buffers.
@@ -57,7 +58,11 @@ class HFEngine(Engine):
     seed at start), ``device``, ``max_num_seqs`` (sequences per ``generate`` batch; None =
     :func:`hf_max_num_seqs`, sized from the model and ``max_model_len``): a call with more
     prompts runs them batch after batch, so its memory is bounded whatever it is given;
-    ``max_loras``: adapters kept loaded at once (the least recently used one goes first)."""
+    ``max_loras``: adapters kept loaded at once (the least recently used one goes first);
+    ``base_weights``: the frozen base model's tensors of a LoRA learner in this process
+    (:func:`~entrogym.agents.engines.shared_weights.frozen_base_tensors`), sampled with instead
+    of a second copy loaded from ``model`` when their dtypes are the engine's (``shares_weights``
+    says whether they were)."""
 
     kind = "hf"
 
@@ -71,6 +76,7 @@ class HFEngine(Engine):
         device: str = "cpu",
         max_num_seqs: int | None = None,
         max_loras: int = 1,
+        base_weights: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
         super().__init__(model, max_model_len=max_model_len, seed=seed)
         if isinstance(max_loras, bool) or not isinstance(max_loras, int) or max_loras < 1:
@@ -87,6 +93,8 @@ class HFEngine(Engine):
             )
         self.max_num_seqs = max_num_seqs or hf_max_num_seqs(self.model, dtype, max_model_len)
         self._model: Any = None
+        self._base_weights = base_weights
+        self.shares_weights = False
         self._adapters: dict[tuple[str, int], str] = {}
         self._loaded = 0  # adapters loaded so far: names must never repeat
         self._start()
@@ -95,7 +103,10 @@ class HFEngine(Engine):
         from transformers import AutoModelForCausalLM, GenerationConfig
 
         torch.manual_seed(self.seed)
-        self._model = AutoModelForCausalLM.from_pretrained(self.model, dtype=self.dtype)
+        self._model = self._shared_model()
+        self.shares_weights = self._model is not None
+        if self._model is None:
+            self._model = AutoModelForCausalLM.from_pretrained(self.model, dtype=self.dtype)
         self._model.to(self.device).eval()
         self._eos = _as_list(self._model.generation_config.eos_token_id) or _as_list(
             self._model.config.eos_token_id
@@ -107,6 +118,17 @@ class HFEngine(Engine):
         self._gen_config = GenerationConfig(pad_token_id=self._pad, bos_token_id=None)
         self._model.generation_config = copy.deepcopy(self._gen_config)
         self._adapters.clear()
+
+    def _shared_model(self) -> Any:
+        """The model around ``base_weights``; None when there are none, or when they do not fit
+        the engine (another dtype or device: the engine then loads its own copy)."""
+        weights = self._base_weights
+        if not weights or any(t.device != self.device for t in weights.values()):
+            return None
+        try:
+            return model_on_tensors(self.model, self.dtype, weights)
+        except ValueError:
+            return None
 
     @contextlib.contextmanager
     def seeded(self, seed: int) -> Iterator[None]:
