@@ -1,4 +1,4 @@
-"""``entrogym demo`` (what ``make demo`` runs): REPO-R against GRPO on SmolLM2, on a CPU budget."""
+"""``entrogym demo`` (what ``make demo`` runs): entropy control against GRPO on SmolLM2, on a CPU budget."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ class DemoOptions:
             minibatch order. The goal must hold on every seed.
         engine: rollout engine (None: the demo's default, entrogym.demo.AGENT.engine).
         workers: worker processes running the jobs side by side, each with cores // workers
-            torch threads (None: as many as this machine has cores).
+            torch threads (at least 1; None: two per core, or fewer when there are fewer jobs,
+            so both cores stay busy until the last run ends).
     """
 
     out: str = "runs/demo"
@@ -62,9 +63,9 @@ class DemoOptions:
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds: give one or more distinct seeds, got {self.seeds}")
         cores = os.cpu_count() or 1
-        if self.workers is not None and not 1 <= self.workers <= cores:
-            raise ValueError(f"workers must be from 1 to {cores} (this machine's cores), "
-                             f"got {self.workers}")  # fmt: skip
+        if self.workers is not None and not 1 <= self.workers <= 2 * cores:
+            raise ValueError(f"workers must be from 1 to {2 * cores} (two per core of this "
+                             f"machine), got {self.workers}")  # fmt: skip
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.engine is not None and self.engine not in ENGINE_KINDS:

@@ -21,9 +21,10 @@ if TYPE_CHECKING:
 ENV = "entrogym/Arithmetic-v0"
 ENV_KWARGS = {"max_digits": 1, "num_train": 100, "num_test": 40}
 SYSTEM_PROMPT = "You are a careful calculator. Answer with the final number in \\boxed{}."
-# The goal (docs/demo.md): REPO-R keeps >= KEEP of its first iteration's entropy while GRPO
-# ends at <= FALL of its own, on every seed.
-KEEP, FALL = 0.7, 0.5
+# The goal (docs/demo.md), per seed: a controlled run stays within +-BAND of its target at every
+# iteration from the (FIRST_TRACKED + 1)-th on, while GRPO ends at <= FALL of its first
+# iteration's entropy and the run's held-out accuracy is at most ACCURACY_SLACK below GRPO's.
+BAND, FALL, ACCURACY_SLACK, FIRST_TRACKED = 0.25, 0.5, 0.05, 2
 # The runs, iterations, learning rate and seeds of ``make demo`` (the sweep in docs/demo.md).
 DEFAULT_RUNS = (
     "grpo",

@@ -5,11 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from entrogym.demo.config import FALL, KEEP
+from entrogym.demo.config import ACCURACY_SLACK, BAND, FALL, FIRST_TRACKED
+from entrogym.train.tracking import max_excursion, tracking_error
 
 
-def plot_demo(folders: dict[str, Path], out: Path) -> list[Path]:
-    """The paper's Figure 1 panels, one line per labelled run and seed."""
+def plot_demo(
+    folders: dict[str, Path], out: Path, targets: dict[str, list[float]] | None = None
+) -> list[Path]:
+    """The paper's Figure 1 panels, one line per labelled run and seed; the entropy panel also
+    draws each controlled run's target (dashed) and the goal's +-BAND around it."""
     from matplotlib import pyplot as plt
 
     from entrogym.train.plots import accuracy_vs_entropy_figure, entropy_figure, load_run
@@ -25,6 +29,8 @@ def plot_demo(folders: dict[str, Path], out: Path) -> list[Path]:
                        ("accuracy_vs_cumulative_entropy.png", accuracy_vs_entropy_figure)):  # fmt: skip
         fig = make(runs)
         try:
+            if name == "entropy.png":
+                _draw_bands(fig.axes[0], targets or {})
             fig.savefig(out / name, dpi=120)
         finally:
             plt.close(fig)
@@ -32,60 +38,96 @@ def plot_demo(folders: dict[str, Path], out: Path) -> list[Path]:
     return written
 
 
-def peak_ratio(record: dict[str, Any]) -> float:
-    """Highest entropy of a run over its first iteration's (the final ratio hides overshoots)."""
-    entropy = record.get("entropy") or [1.0]
-    return max(max(entropy) / entropy[0], record["entropy_ratio"])
+def _draw_bands(ax: Any, targets: dict[str, list[float]]) -> None:
+    """One dashed target line and a +-BAND band per distinct target (runs of one seed share
+    the first iteration's entropy, so they share a band)."""
+    drawn: set[tuple[float, ...]] = set()
+    for target in targets.values():
+        key = tuple(round(t, 3) for t in target)
+        if not target or key in drawn:
+            continue
+        drawn.add(key)
+        its = list(range(len(target)))
+        label = None if len(drawn) > 1 else f"target +-{BAND:.0%}"
+        ax.plot(its, target, linestyle="--", color="0.4", linewidth=1)
+        ax.fill_between(its, [t * (1 - BAND) for t in target], [t * (1 + BAND) for t in target],
+                        color="0.5", alpha=0.12, linewidth=0, label=label)  # fmt: skip
+    if drawn:
+        ax.legend(fontsize="small")
+
+
+def tracking(record: dict[str, Any]) -> dict[str, float]:
+    """``tracking_error`` (mean over the second half) and ``max_excursion`` (the largest
+    |H_t / H*_t - 1| from the goal's first tracked iteration on) of a run against its target;
+    a run without a target (GRPO) against its first iteration's entropy."""
+    entropy = record["entropy"]
+    target = record.get("entropy_target") or [entropy[0]] * len(entropy)
+    target = [t if t is not None else entropy[0] for t in target]
+    start = min(FIRST_TRACKED, len(entropy) - 1)
+    return {"tracking_error": tracking_error(entropy, target),
+            "max_excursion": max_excursion(entropy, target, start=start)}  # fmt: skip
 
 
 def goal(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """The demo's goal (docs/demo.md), checked per seed: each REPO-R run keeps >= KEEP of its
-    first iteration's entropy while that seed's GRPO run ends at <= FALL of its own. A REPO-R
-    run ``holds`` when that is true on every seed it ran."""
+    """The demo's goal (docs/demo.md), checked per seed for every run with a lever: its entropy
+    stays within +-BAND of its target at every iteration from the 3rd on, that seed's GRPO run
+    ends at <= FALL of its first iteration's entropy, and the run's last held-out accuracy is at
+    most ACCURACY_SLACK below GRPO's. A run ``holds`` when that is true on every seed it ran."""
     checks = []
     for seed in sorted({r["seed"] for r in records}):
         at_seed = [r for r in records if r["seed"] == seed]
-        grpo = next((r for r in at_seed if r["algo"] == "grpo"), None)
-        for run in (r for r in at_seed if r["algo"] == "repo-r" and grpo is not None):
-            kept, fell = run["entropy_ratio"] >= KEEP, grpo["entropy_ratio"] <= FALL
-            checks.append({"run": run["label"], "seed": seed, "ratio": run["entropy_ratio"],
-                           "grpo_ratio": grpo["entropy_ratio"], "kept": kept, "grpo_fell": fell,
-                           "holds": kept and fell, "reward": run["reward"][-1],
-                           "grpo_reward": grpo["reward"][-1], "peak": peak_ratio(run)})  # fmt: skip
+        grpo = next((r for r in at_seed if r["label"] == "grpo"), None)
+        for run in (r for r in at_seed if r.get("controlled") and grpo is not None):
+            excursion = tracking(run)["max_excursion"]
+            accuracy, grpo_accuracy = run.get("accuracy_after"), grpo.get("accuracy_after")
+            accurate = (accuracy is not None and grpo_accuracy is not None
+                        and accuracy >= grpo_accuracy - ACCURACY_SLACK)  # fmt: skip
+            in_band, fell = excursion <= BAND, grpo["entropy_ratio"] <= FALL
+            checks.append({"run": run["label"], "seed": seed, "max_excursion": excursion,
+                           "grpo_ratio": grpo["entropy_ratio"], "in_band": in_band,
+                           "grpo_fell": fell, "accuracy": accuracy,
+                           "grpo_accuracy": grpo_accuracy, "accurate": accurate,
+                           "holds": in_band and fell and accurate})  # fmt: skip
     labels = dict.fromkeys(c["run"] for c in checks)
     held = {label: all(c["holds"] for c in checks if c["run"] == label) for label in labels}
-    return {"keep": KEEP, "fall": FALL, "checks": checks, "held": held}
+    return {"band": BAND, "fall": FALL, "accuracy_slack": ACCURACY_SLACK,
+            "first_tracked": FIRST_TRACKED + 1, "checks": checks, "held": held}  # fmt: skip
 
 
 def verdict(result: dict[str, Any]) -> list[str]:
-    """Plain sentences: per seed and REPO-R run, whether the goal held, with the numbers."""
+    """Plain sentences: per seed and controlled run, whether the goal held, and why not."""
     if not result["checks"]:
-        return ["goal not checked: it needs a grpo run and a repo-r run on the same seed"]
-    keep, fall = result["keep"], result["fall"]
-    lines = [f"goal: on every seed, REPO-R ends at >= {keep:.2f} of its first-iteration entropy "
-             f"while GRPO ends at <= {fall:.2f} of its own"]  # fmt: skip
+        return ["goal not checked: it needs a grpo run and a run with a lever on the same seed"]
+    band, fall = result["band"], result["fall"]
+    lines = [f"goal, per seed: entropy within +-{band:.0%} of its target at every iteration "
+             f"from the {_ordinal(result['first_tracked'])} on, GRPO ends at <= {fall:.2f} of "
+             f"its start, held-out accuracy >= GRPO's - {result['accuracy_slack']:.2f}"]  # fmt: skip
     for c in result["checks"]:
-        word = "HELD" if c["holds"] else "did NOT hold"
-        grpo = "fell far enough" if c["grpo_fell"] else "did NOT fall that far"
+        why = []
+        if not c["in_band"]:
+            why.append(f"its entropy left the band by {c['max_excursion']:.0%}")
+        if not c["grpo_fell"]:
+            why.append(f"GRPO kept {c['grpo_ratio']:.2f} of its entropy")
+        if not c["accurate"]:
+            why.append(f"accuracy {_accuracy(c['accuracy'])} against GRPO's "
+                       f"{_accuracy(c['grpo_accuracy'])}")  # fmt: skip
+        word = "HELD" if c["holds"] else "did NOT hold: " + "; ".join(why)
         lines.append(
-            f"  seed {c['seed']}: {c['run']} ended at {c['ratio']:.2f}, GRPO at "
-            f"{c['grpo_ratio']:.2f} ({grpo}) -> {word} (last reward {c['reward']:.2f}, "
-            f"GRPO's {c['grpo_reward']:.2f})"
+            f"  seed {c['seed']}: {c['run']}: largest excursion {c['max_excursion']:.0%}, "
+            f"GRPO at {c['grpo_ratio']:.2f}, accuracy {_accuracy(c['accuracy'])} vs "
+            f"{_accuracy(c['grpo_accuracy'])} -> {word}"
         )
-        if c["peak"] > 1 / keep:  # above the target by as much as the goal allows below it
-            lines.append(f"  seed {c['seed']}: {c['run']}'s entropy ROSE to {c['peak']:.2f}x its "
-                         "start during the run: the controller overshot; that is not "
-                         "preservation (docs/demo.md)")  # fmt: skip
     for label, held in result["held"].items():
         mine = [c for c in result["checks"] if c["run"] == label]
-        n, over = sum(c["holds"] for c in mine), sum(c["peak"] > 1 / keep for c in mine)
-        word = "HELD" if held else "did NOT hold"
-        line = f"{label}: goal {word} ({n} of {len(mine)} seeds)"
-        if over:  # the goal's letter can be met by a blow-up; say so in the summary line
-            line += (f", but its entropy overshot on {over} of {len(mine)} seeds: met by the "
-                     "goal's letter, not entropy preservation")  # fmt: skip
-        lines.append(line)
+        n = sum(c["holds"] for c in mine)
+        lines.append(
+            f"{label}: goal {'HELD' if held else 'did NOT hold'} ({n} of {len(mine)} seeds)"
+        )
     return lines
+
+
+def _ordinal(n: int) -> str:
+    return {1: "1st", 2: "2nd", 3: "3rd"}.get(n, f"{n}th")
 
 
 def _accuracy(value: float | None) -> str:
@@ -98,15 +140,17 @@ def report(summary: dict[str, Any]) -> str:
     width = max([len("run"), *(len(r["label"]) for r in records)])
     lines = [
         f"held-out accuracy of the base model: {_accuracy(summary.get('accuracy_before'))}",
-        f"{'run':<{width}} {'seed':>4} {'entropy first -> last':>22} {'ratio':>6} "
-        f"{'reward first -> last':>21} {'accuracy 1st -> last':>21} {'wall':>6}",
+        f"{'run':<{width}} {'seed':>4} {'entropy first -> last':>22} {'track':>6} "
+        f"{'max exc':>7} {'reward first -> last':>21} {'accuracy 1st -> last':>21} {'wall':>6}",
     ]
     for r in records:
+        t = tracking(r)
         lines.append(
             f"{r['label']:<{width}} {r['seed']:>4} {r['entropy'][0]:>10.3f} -> "
-            f"{r['entropy'][-1]:<7.3f} {r['entropy_ratio']:>6.2f} {r['reward'][0]:>9.3f} -> "
-            f"{r['reward'][-1]:<8.3f} {_accuracy(r['accuracy_first']):>9} -> "
-            f"{_accuracy(r['accuracy_after']):<8} {r['wall_s']:>5.0f}s"
+            f"{r['entropy'][-1]:<7.3f} {t['tracking_error']:>6.2f} {t['max_excursion']:>7.2f} "
+            f"{r['reward'][0]:>9.3f} -> {r['reward'][-1]:<8.3f} "
+            f"{_accuracy(r['accuracy_first']):>9} -> {_accuracy(r['accuracy_after']):<8} "
+            f"{r['wall_s']:>5.0f}s"
         )
     lines += verdict(summary.get("goal") or goal(records))
     settings = summary["settings"]

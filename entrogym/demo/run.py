@@ -78,6 +78,8 @@ def train_one(config: Any) -> dict[str, Any]:
         "entropy_ratio": rows_t[-1]["entropy"] / rows_t[0]["entropy"],
         "reward": [r["reward_mean"] for r in rows_t],
         "zeta": [r.get("zeta") for r in rows_t],
+        "entropy_target": [r.get("entropy_target") for r in rows_t],
+        "controlled": config.algorithm().controller is not None,
         "accuracy_first": evals[0]["pass@1"] if evals else None,
         "accuracy_after": evals[-1]["pass@1"] if evals else None,
         "wall_s": time.perf_counter() - start,
@@ -150,7 +152,9 @@ def run_demo(
     seeds = list(seeds)
     resolve_model(AGENT.model)  # dequantises the shipped GGUF once, before the workers start
     n_jobs = (1 if eval_tasks else 0) + len(runs) * len(seeds)
-    workers = workers or min(os.cpu_count() or 1, n_jobs)
+    # Up to two one-thread jobs per core at once: with one per core, the last run finishes
+    # alone and the other core idles; two per core keep both busy to the end.
+    workers = workers or min(2 * (os.cpu_count() or 1), n_jobs)
     jobs = plan_jobs(out, runs, seeds, iterations, lr, eval_tasks, workers=workers, engine=engine)
     print(f"{n_jobs} jobs on {workers} worker process(es), {jobs[0].threads} thread(s) each",
           flush=True)  # fmt: skip
@@ -158,7 +162,9 @@ def run_demo(
     records = [r for job, r in zip(jobs, results, strict=True) if job.config is not None]
     base = [r for job, r in zip(jobs, results, strict=True) if job.config is None]
     folders = {f"{r['label']} s{r['seed']}": Path(r["folder"]) for r in records}
-    for path in plot_demo(folders, out / "plots"):
+    targets = {f"{r['label']} s{r['seed']}": r["entropy_target"] for r in records
+               if r.get("controlled") and all(t is not None for t in r["entropy_target"])}  # fmt: skip
+    for path in plot_demo(folders, out / "plots", targets):
         print(path)
     settings = {"out": str(out), "runs": runs, "iterations": iterations, "lr": lr,
                 "eval_tasks": eval_tasks, "seeds": seeds, "engine": engine or AGENT.engine,
