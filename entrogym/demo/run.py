@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -46,16 +47,27 @@ def run_job(job: Job) -> dict[str, Any]:
 
 def evaluate_base(engine_kind: str, tasks: int, seed: int) -> float:
     """Held-out accuracy of the base model, as the trainer's eval rows measure it."""
+    return held_out_accuracy(engine_kind, tasks, seed)
+
+
+def held_out_accuracy(engine_kind: str, tasks: int, seed: int, *, adapter: str | None = None,
+                      model: str | None = None) -> float:  # fmt: skip
+    """pass@1 on the first ``tasks`` test tasks of the demo's env with ``adapter`` (a peft
+    folder; None: the base model), sampled as the trainer's eval rows sample (temperature 1,
+    seeded with ``seed``): one grader for any adapter, whichever trainer made it."""
     from entrogym.agents.agent import LLMAgent
     from entrogym.agents.engines import make_engine
     from entrogym.train.evaluation import evaluate_policy
 
-    cfg = AgentConfig(**(asdict(AGENT) | {"engine": engine_kind}))
+    cfg = AgentConfig(
+        **(asdict(AGENT) | {"engine": engine_kind} | ({"model": model} if model else {}))
+    )
     engine = make_engine(cfg.engine, cfg.model, **cfg.engine_kwargs(seed=seed))
     try:
         agent = LLMAgent.from_model(cfg.model, **cfg.agent_kwargs())
         result = evaluate_policy(engine, agent, ENV, split="test", max_tasks=tasks,
-                                 temperature=1.0, seed=seed, env_kwargs=ENV_KWARGS)  # fmt: skip
+                                 adapter=adapter, temperature=1.0, seed=seed,
+                                 env_kwargs=ENV_KWARGS)  # fmt: skip
     finally:
         engine.close()
     return float(result.summary["pass@1"])
@@ -82,37 +94,45 @@ def train_one(config: Any) -> dict[str, Any]:
         "controlled": config.algorithm().controller is not None,
         "accuracy_first": evals[0]["pass@1"] if evals else None,
         "accuracy_after": evals[-1]["pass@1"] if evals else None,
+        "generated_tokens": sum(r.get("generated_tokens", 0) for r in rows_t),
         "wall_s": time.perf_counter() - start,
     }
 
 
 def plan_jobs(out: Path, runs: list[str], seeds: list[int], iterations: int, lr: float,
-              eval_tasks: int, *, workers: int, engine: str | None = None) -> list[Job]:  # fmt: skip
+              eval_tasks: int, *, workers: int, engine: str | None = None,
+              threads: int | None = None, model: str | None = None,
+              base: bool = True) -> list[Job]:  # fmt: skip
     """Every run for every seed, then the base model's evaluation (the shortest job, so it
-    fills the gap a fast-collapsing run leaves; none when ``eval_tasks`` is 0)."""
-    threads = max(1, (os.cpu_count() or 1) // workers)
+    fills the gap a fast-collapsing run leaves; none when ``eval_tasks`` is 0 or ``base`` is
+    False). ``threads`` per job: default cores // workers."""
+    threads = threads or max(1, (os.cpu_count() or 1) // workers)
     kind = engine or AGENT.engine
     jobs = []
     for seed in seeds:
         for label, folder, algo in map(parse_run, runs):
             config = demo_config(algo, out / f"seed{seed}", iterations, lr, eval_tasks,
-                                 seed=seed, engine=kind, name=folder, threads=threads)  # fmt: skip
+                                 seed=seed, engine=kind, name=folder, threads=threads,
+                                 model=model)  # fmt: skip
             jobs.append(Job(label, seed, threads, config))
-    if eval_tasks:
+    if eval_tasks and base:
         jobs.append(Job("base model", seeds[0], threads, eval_tasks=eval_tasks, engine=kind))
     return jobs
 
 
-def run_jobs(jobs: list[Job], workers: int) -> list[dict[str, Any]]:
+def run_jobs(
+    jobs: list[Any], workers: int, body: Callable[[Any], dict[str, Any]] = run_job
+) -> list[dict[str, Any]]:
     """Run ``jobs`` on ``workers`` fresh processes (in this one when 1), printing each as it
-    ends. The first failure, or Ctrl-C, terminates the workers and is raised."""
+    ends. ``body`` runs one job (a module-level function, so spawned workers can import it).
+    The first failure, or Ctrl-C, terminates the workers and is raised."""
     if workers == 1:
-        return [_announce(job, run_job(job)) for job in jobs]
+        return [_announce(job, body(job)) for job in jobs]
     results: dict[int, dict[str, Any]] = {}
     # one process per job (maxtasksperchild=1): each starts with its own threads and engine;
     # leaving the with-block terminates the pool, so an error does not wait for other runs
     with get_context("spawn").Pool(workers, maxtasksperchild=1) as pool:
-        pending = {i: pool.apply_async(run_job, (job,)) for i, job in enumerate(jobs)}
+        pending = {i: pool.apply_async(body, (job,)) for i, job in enumerate(jobs)}
         while pending:
             for i in [i for i, result in pending.items() if result.ready()]:
                 results[i] = _announce(jobs[i], pending.pop(i).get())  # re-raises its error
@@ -121,7 +141,7 @@ def run_jobs(jobs: list[Job], workers: int) -> list[dict[str, Any]]:
 
 
 def _announce(job: Job, result: dict[str, Any]) -> dict[str, Any]:
-    if job.config is None:
+    if "accuracy_before" in result:
         print(f"base model: held-out accuracy {result['accuracy_before']:.3f}", flush=True)
     else:
         e = result["entropy"]
