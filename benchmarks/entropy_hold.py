@@ -259,7 +259,8 @@ def stdout_to_stderr() -> Iterator[None]:
     saved = os.dup(1)
     os.dup2(2, 1)
     try:
-        yield
+        with contextlib.redirect_stdout(sys.stderr):  # what replaced sys.stdout (pytest's capture)
+            yield
     finally:
         sys.stdout.flush()
         os.dup2(saved, 1)
