@@ -97,6 +97,7 @@ class HFEngine(Engine):
         self.shares_weights = False
         self._adapters: dict[tuple[str, int], str] = {}
         self._loaded = 0  # adapters loaded so far: names must never repeat
+        self._seeded_depth = 0  # open ``seeded`` scopes
         self._start()
 
     def _start(self) -> None:
@@ -133,11 +134,23 @@ class HFEngine(Engine):
     @contextlib.contextmanager
     def seeded(self, seed: int) -> Iterator[None]:
         """Sampling from torch's generator seeded with ``seed``; the global one is restored
-        after, so a trainer's own random stream is not moved by an evaluation."""
-        devices = [self.device.index or 0] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
+        after, so a trainer's own random stream is not moved by an evaluation. Inside the
+        scope, loading an adapter draws nothing from that stream (peft initialises new LoRA
+        layers at random before it loads their weights), so the samples do not depend on
+        which adapters the engine already held."""
+        with self._own_stream(), contextlib.ExitStack() as scope:
             torch.manual_seed(seed)
+            self._seeded_depth += 1
+            scope.callback(self._leave_seeded)
             yield
+
+    def _leave_seeded(self) -> None:
+        self._seeded_depth -= 1
+
+    def _own_stream(self) -> contextlib.AbstractContextManager[None]:
+        """A scope that restores torch's global generators (CPU, and this engine's GPU) after."""
+        devices = [self.device.index or 0] if self.device.type == "cuda" else []
+        return torch.random.fork_rng(devices=devices)
 
     def _shutdown(self) -> None:
         self._model = None
@@ -154,10 +167,12 @@ class HFEngine(Engine):
         if name is None:
             self._loaded += 1
             name = f"adapter-{self._loaded}"
-            if isinstance(self._model, PeftModel):
-                self._model.load_adapter(adapter, adapter_name=name)
-            else:
-                self._model = PeftModel.from_pretrained(self._model, adapter, adapter_name=name)
+            isolated = self._own_stream() if self._seeded_depth else contextlib.nullcontext()
+            with isolated:
+                if isinstance(self._model, PeftModel):
+                    self._model.load_adapter(adapter, adapter_name=name)
+                else:
+                    self._model = PeftModel.from_pretrained(self._model, adapter, adapter_name=name)
             self._model.eval()
         self._adapters[key] = name  # the most recently used last
         self._model.set_adapter(name)
