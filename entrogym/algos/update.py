@@ -47,7 +47,6 @@ from entrogym.algos.losses import LOSSES, aggregate
 from entrogym.algos.update_batch import (
     Rows,
     UpdateBatch,
-    micro_batches,
     micro_weight,
     minibatch_indices,
 )
@@ -136,13 +135,17 @@ def micro_batch_loss(
 
 
 def score_old_logprobs(
-    batch: UpdateBatch, rows: torch.Tensor, score: ScoreFn, micro_batch_size: int | None
+    batch: UpdateBatch,
+    rows: torch.Tensor,
+    score: ScoreFn,
+    micro_batch_size: int | None,
+    micro_batch_tokens: int | None = None,
 ) -> None:
     """Store the current policy's log-probs of ``rows`` as old log-probs (no gradients)."""
     if rows.numel() == 0:
         return
     with torch.no_grad():
-        for index in micro_batches(rows, micro_batch_size):
+        for index in batch.micro_batches(rows, micro_batch_size, micro_batch_tokens):
             batch.store_old_logprobs(index, score(index, False)[0])
 
 
@@ -155,6 +158,7 @@ def accumulate_minibatch(
     backward: BackwardFn,
     micro_batch_size: int | None,
     tally: _Tally,
+    micro_batch_tokens: int | None = None,
     reuse_scores: bool = False,
     generator: torch.Generator | None = None,
     current: torch.Tensor | None = None,
@@ -169,7 +173,7 @@ def accumulate_minibatch(
     """
     finite = True
     minibatch_mask = batch.mask[minibatch]
-    for index in micro_batches(minibatch, micro_batch_size):
+    for index in batch.micro_batches(minibatch, micro_batch_size, micro_batch_tokens):
         if not finite:  # the step is skipped: only old log-probs may still be needed
             if reuse_scores:
                 score_old_logprobs(batch, index, score, None)
@@ -212,6 +216,7 @@ def policy_update(
     micro_batch_size: int | None = None,
     generator: torch.Generator | None = None,
     version: int | None = None,
+    micro_batch_tokens: int | None = None,
 ) -> dict[str, float | None]:
     """Run ``control.config``'s epochs x minibatches on one iteration's experience.
 
@@ -252,13 +257,14 @@ def policy_update(
                 backward=backward,
                 micro_batch_size=micro_batch_size,
                 tally=tally,
+                micro_batch_tokens=micro_batch_tokens,
                 reuse_scores=reuse,
                 generator=lever_generator,
                 current=current,
             )
             if reuse:  # every old log-prob is known before the first step
                 rest = _other_rows(minibatch, len(batch))
-                score_old_logprobs(batch, rest, score, micro_batch_size)
+                score_old_logprobs(batch, rest, score, micro_batch_size, micro_batch_tokens)
                 entropy = sampler_entropy = sampled_entropy(batch.old_logprobs, batch.mask)
                 reuse = False
             if current is not None:  # the trained policy's scores, before its first step

@@ -104,6 +104,13 @@ class UpdateBatch:
     def n_groups(self) -> int:
         return int(self.group_ids.max()) + 1
 
+    def micro_batches(
+        self, index: torch.Tensor, size: int | None, max_tokens: int | None = None
+    ) -> list[torch.Tensor]:
+        """Rows ``index`` in chunks of at most ``size`` rows and ``max_tokens`` padded tokens
+        (:func:`micro_batches`)."""
+        return micro_batches(index, size, max_tokens, self.lengths)
+
     def width(self, index: torch.Tensor) -> int:
         """Tokens of the longest of rows ``index``: the width they are scored at."""
         return int(self.lengths[index].max())
@@ -169,11 +176,39 @@ def minibatch_indices(
     yield from order.split(size)
 
 
-def micro_batches(index: torch.Tensor, size: int | None) -> list[torch.Tensor]:
-    """Split one minibatch into chunks that fit in memory; their gradients are accumulated."""
+def micro_batches(
+    index: torch.Tensor,
+    size: int | None,
+    max_tokens: int | None = None,
+    lengths: torch.Tensor | None = None,
+) -> list[torch.Tensor]:
+    """Split one minibatch into chunks that fit in memory; their gradients are accumulated.
+
+    A chunk holds at most ``size`` rows and, with ``max_tokens``, at most that many tokens
+    once padded to its longest row (``lengths``: every row's tokens, indexed by ``index``'s
+    values). Rows keep their order; a row longer than ``max_tokens`` is a chunk of its own.
+    The learner's activation memory grows with a chunk's padded tokens (about 2.5 MB a token
+    for a 135M model in fp32), so multi-turn episodes need the token bound, not just rows.
+    """
     if size is not None and size < 1:
         raise ValueError(f"micro_batch_size must be >= 1 or None, got {size}")
-    return [index] if size is None else list(index.split(size))
+    if max_tokens is None:
+        return [index] if size is None else list(index.split(size))
+    if max_tokens < 1:
+        raise ValueError(f"micro_batch_tokens must be >= 1 or None, got {max_tokens}")
+    if lengths is None:
+        raise ValueError("micro_batches: max_tokens needs the rows' lengths")
+    chunks: list[list[int]] = []
+    longest = 0
+    for row in index.tolist():
+        width = max(longest, int(lengths[row]))
+        full = chunks and (len(chunks[-1]) == size or (len(chunks[-1]) + 1) * width > max_tokens)
+        if not chunks or full:
+            chunks.append([])
+            width = int(lengths[row])
+        chunks[-1].append(row)
+        longest = width
+    return [torch.tensor(chunk, dtype=index.dtype) for chunk in chunks]
 
 
 def micro_weight(aggregation: str, chunk_mask: torch.Tensor, minibatch_mask: torch.Tensor) -> float:

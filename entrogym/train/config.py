@@ -29,6 +29,9 @@ from entrogym.models import LORA_TARGETS
 from entrogym.train.algo_spec import resolve_algorithm, typed_spec
 from entrogym.train.trackers import NO_TRACKER, parse_report_to
 
+# Padded tokens per learner micro-batch: about 5 GB of activations for a 135M model in fp32
+# (~2.5 MB a token), whatever the episodes' length; single-turn batches stay under it.
+DEFAULT_MICRO_BATCH_TOKENS = 2048
 MAX_SEED = 2**32 - 1  # numpy's seed range; every seed the run derives stays within int64
 
 
@@ -71,6 +74,9 @@ class TrainConfig(AgentConfig):
         max_grad_norm: gradient clipping norm (paper: 0.1).
         micro_batch_size: trajectories per forward/backward; gradients of a minibatch's
             micro-batches are accumulated, so this bounds activation memory, not the math.
+        micro_batch_tokens: also cap a micro-batch's tokens (rows x its longest row): long
+            multi-turn episodes then go fewer to a micro-batch, one alone if it is longer.
+            Activation memory grows with these tokens; null = rows only.
         threads: torch CPU threads of the learner (None = torch's default).
         score_layout: how a micro-batch is laid out for the scoring forward pass: ``trimmed``
             (cut to its own longest row; exact), ``padded`` (the batch's width), or ``packed``
@@ -128,6 +134,7 @@ class TrainConfig(AgentConfig):
     weight_decay: float = 0.01
     max_grad_norm: float = 0.1
     micro_batch_size: int = 8
+    micro_batch_tokens: int | None = DEFAULT_MICRO_BATCH_TOKENS
     threads: int | None = None
     sampler_entropy_check: bool = False
     score_layout: Literal["padded", "trimmed", "packed"] = "trimmed"
@@ -168,6 +175,10 @@ class TrainConfig(AgentConfig):
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.micro_batch_tokens is not None and self.micro_batch_tokens < 1:
+            raise ValueError(
+                f"micro_batch_tokens must be >= 1 or null, got {self.micro_batch_tokens}"
+            )
         self._check_run_values()
         self._check_learning_values()
         self._check_eval_values()

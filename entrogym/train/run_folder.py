@@ -55,9 +55,9 @@ RUN_FILES = (CONFIG_FILE, "metrics.jsonl", "checkpoints", ADAPTERS_DIR, "tb")
 
 # Fields a resume may change: they decide how long the run goes on, what is logged and
 # evaluated, how often it checkpoints, and where the engine runs -- never what is learned.
-# ``micro_batch_size`` is here too: it bounds activation memory and does not change the
-# update (gradients of a minibatch's micro-batches are accumulated), so a run may resume on a
-# smaller GPU; float sums in another order can differ in the last bits.
+# ``micro_batch_size`` and ``micro_batch_tokens`` are here too: they bound activation memory and
+# do not change the update (gradients of a minibatch's micro-batches are accumulated), so a run
+# may resume on a smaller GPU; float sums in another order can differ in the last bits.
 RESUMABLE_FIELDS = frozenset(
     {
         "iterations",
@@ -80,6 +80,7 @@ RESUMABLE_FIELDS = frozenset(
         "max_bad_steps",
         "max_env_error_fraction",
         "micro_batch_size",
+        "micro_batch_tokens",
         "report_to",
         "env_workers",
         "env_timeout",

@@ -34,7 +34,7 @@ from entrogym.agents.rollout import (
     check_env_errors,
     collect_rollouts,
 )
-from entrogym.algos import EntropyControl, UpdateBatch, micro_batches, policy_update
+from entrogym.algos import EntropyControl, UpdateBatch, policy_update
 from entrogym.envs.base import make_text_env, task_ids_of
 from entrogym.train import distributed
 from entrogym.train.batch import collate_episodes, success_rate, usable_episodes
@@ -518,6 +518,7 @@ class Trainer:
             micro_batch_size=cfg.micro_batch_size,
             generator=torch.Generator().manual_seed(cfg.seed * 1_000_003 + it),
             version=it,
+            micro_batch_tokens=cfg.micro_batch_tokens,
         )
         update_s = time.perf_counter() - t0
         mismatch = sampler_mismatch(batch.old_logprobs, batch.sampler_logprobs, batch.mask)
@@ -561,17 +562,20 @@ class Trainer:
                 contextlib.nullcontext() if version == it else self.versions.weights_of(version)
             )  # type: ignore[union-attr]
             with weights, torch.no_grad():
-                for index in micro_batches(rows, self.cfg.micro_batch_size):
+                for index in self._micro_batches(batch, rows):
                     lp, _ = self.score(batch, index, need_entropy=False)
                     out[index, : lp.shape[1]] = lp
         return out
+
+    def _micro_batches(self, batch: UpdateBatch, rows: torch.Tensor) -> list[torch.Tensor]:
+        return batch.micro_batches(rows, self.cfg.micro_batch_size, self.cfg.micro_batch_tokens)
 
     def sampler_entropy_check(self, batch: UpdateBatch) -> dict[str, Any]:
         """Opt-in: did the engine draw from the policy? One extra no-grad pass for the exact
         entropies at the sampled positions (``sampler_entropy_gap``; |z| > 4 fails)."""
         logprobs, entropies = [], []
         with torch.no_grad():
-            for index in micro_batches(torch.arange(len(batch)), self.cfg.micro_batch_size):
+            for index in self._micro_batches(batch, torch.arange(len(batch))):
                 lp, ent = self.score(batch, index, need_entropy=True)
                 width = batch.mask.shape[1]
                 logprobs.append(torch.nn.functional.pad(lp, (0, width - lp.shape[1])))
