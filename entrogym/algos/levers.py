@@ -230,7 +230,7 @@ class CovNeutral(Lever):
 
     def __init__(self, params: Any) -> None:
         super().__init__(params)
-        self._neutral: list[float] = []
+        self._neutral = 0.0  # this micro-batch's zeta*, reported by adjust_objective
 
     def shape_advantages(
         self,
@@ -242,15 +242,13 @@ class CovNeutral(Lever):
     ) -> torch.Tensor:
         if mask is None:
             raise ValueError("lever cov-neutral needs the action mask of the log-probs")
-        neutral = entropy_neutral_zeta(advantages, logprobs, mask)
-        self._neutral.append(neutral)
-        return centred_repo_d(advantages, logprobs, mask, neutral + float(coef or 0.0))
+        self._neutral = entropy_neutral_zeta(advantages, logprobs, mask)
+        return centred_repo_d(advantages, logprobs, mask, self._neutral + float(coef or 0.0))
 
     def adjust_objective(
         self, terms: TokenObjective, inputs: LeverInputs, coef: float | None
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        neutral, self._neutral = self._neutral[-1] if self._neutral else 0.0, []
-        return terms.objective, {"zeta_neutral": neutral}
+        return terms.objective, {"zeta_neutral": self._neutral}
 
 
 @register_lever("entropy-bonus")
