@@ -31,7 +31,8 @@ def plot_demo(
         try:
             if name == "entropy.png":
                 _draw_bands(fig.axes[0], targets or {})
-            fig.savefig(out / name, dpi=120)
+            # long run labels: the legend goes under the axes, and the figure grows to hold it
+            fig.savefig(out / name, dpi=120, bbox_inches="tight")
         finally:
             plt.close(fig)
         written.append(out / name)
@@ -53,7 +54,7 @@ def _draw_bands(ax: Any, targets: dict[str, list[float]]) -> None:
         ax.fill_between(its, [t * (1 - BAND) for t in target], [t * (1 + BAND) for t in target],
                         color="0.5", alpha=0.12, linewidth=0, label=label)  # fmt: skip
     if drawn:
-        ax.legend(fontsize="small")
+        ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.15))
 
 
 def tracking(record: dict[str, Any]) -> dict[str, float]:
