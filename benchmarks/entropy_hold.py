@@ -6,7 +6,7 @@ on the demo's workload, for each seed, with the demo's goal checked per seed.
         --seeds 0 1 --iterations 20 --trl-delta 0.005,0.05
 
 The workload is ``entrogym demo``'s (``entrogym.demo.config``): SmolLM2-135M-Instruct in fp32,
-the ``hf`` engine, one-digit ``entrogym/Arithmetic-v0``, 6 tasks x 4 samples per iteration, 48
+the ``hf`` engine, one-digit ``entrogym/Arithmetic-v0``, its tasks x samples per iteration, 48
 response tokens, one epoch in two minibatches, the demo's LoRA and learning rate. entrogym's
 runs are demo run specs (``--runs``, default the demo's three) trained by the demo's own runner
 (``entrogym.demo.run``). TRL's row is ``GRPOTrainer`` with ``use_adaptive_entropy=True`` on the
@@ -230,11 +230,12 @@ def check_args(args: argparse.Namespace) -> str | None:
 
 def plan(args: argparse.Namespace, out: Path, workers: int, threads: int) -> list[Any]:
     """TRL's runs first (the slowest jobs), then entrogym's (the demo's ``plan_jobs``)."""
+    from entrogym.demo.config import SAMPLES, TASKS
     from entrogym.demo.run import plan_jobs
 
     jobs: list[Any] = []
     for seed in [] if args.no_trl else args.seeds:
-        ns = argparse.Namespace(model=args.model, tasks=6, samples=4, natural_lengths=True,
+        ns = argparse.Namespace(model=args.model, tasks=TASKS, samples=SAMPLES, natural_lengths=True,
                                 iterations=args.iterations, seed=seed, device="cpu",
                                 dtype="fp32", threads=threads)  # fmt: skip
         work = build_workload(ns)  # the demo's tasks, in the order its trainer draws them
@@ -272,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     if problem := check_args(args):
         print(f"entropy_hold: {problem}", file=sys.stderr)
         return 2
-    from entrogym.demo.config import ENV, ENV_KWARGS
+    from entrogym.demo.config import ENV, ENV_KWARGS, SAMPLES, TASKS
     from entrogym.demo.report import report
     from entrogym.demo.run import run_jobs
     from entrogym.models import resolve_model
@@ -293,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             records = run_jobs(jobs, workers, body=run_any)
         settings = {
             "model": args.model, "engine": "hf", "dtype": "fp32", "env": ENV,
-            "env_kwargs": ENV_KWARGS, "tasks": 6, "samples": 4, "max_response_tokens": 48,
+            "env_kwargs": ENV_KWARGS, "tasks": TASKS, "samples": SAMPLES, "max_response_tokens": 48,
             "epochs": 1, "minibatches": 2, "lr": args.lr, "iterations": args.iterations,
             "seeds": args.seeds, "eval_tasks": args.eval_tasks, "runs": args.runs,
             "trl_deltas": [] if args.no_trl else args.deltas, "workers": workers,
