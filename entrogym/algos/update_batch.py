@@ -198,16 +198,21 @@ def micro_batches(
         raise ValueError(f"micro_batch_tokens must be >= 1 or None, got {max_tokens}")
     if lengths is None:
         raise ValueError("micro_batches: max_tokens needs the rows' lengths")
+    most = size or len(index)
     chunks: list[list[int]] = []
-    longest = 0
+    widths: list[int] = []  # each chunk's longest row
     for row in index.tolist():
-        width = max(longest, int(lengths[row]))
-        full = chunks and (len(chunks[-1]) == size or (len(chunks[-1]) + 1) * width > max_tokens)
-        if not chunks or full:
-            chunks.append([])
-            width = int(lengths[row])
-        chunks[-1].append(row)
-        longest = width
+        n = int(lengths[row])
+        if (
+            chunks
+            and len(chunks[-1]) < most
+            and (len(chunks[-1]) + 1) * max(widths[-1], n) <= max_tokens
+        ):
+            chunks[-1].append(row)
+            widths[-1] = max(widths[-1], n)
+        else:
+            chunks.append([row])
+            widths.append(n)
     return [torch.tensor(chunk, dtype=index.dtype) for chunk in chunks]
 
 

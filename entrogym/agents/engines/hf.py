@@ -138,14 +138,13 @@ class HFEngine(Engine):
         scope, loading an adapter draws nothing from that stream (peft initialises new LoRA
         layers at random before it loads their weights), so the samples do not depend on
         which adapters the engine already held."""
-        with self._own_stream(), contextlib.ExitStack() as scope:
+        with self._own_stream():
             torch.manual_seed(seed)
             self._seeded_depth += 1
-            scope.callback(self._leave_seeded)
-            yield
-
-    def _leave_seeded(self) -> None:
-        self._seeded_depth -= 1
+            try:
+                yield
+            finally:
+                self._seeded_depth -= 1
 
     def _own_stream(self) -> contextlib.AbstractContextManager[None]:
         """A scope that restores torch's global generators (CPU, and this engine's GPU) after."""
