@@ -21,6 +21,7 @@ import entropy_hold  # noqa: E402
 import iteration  # noqa: E402
 import trl_entropy  # noqa: E402
 
+from entrogym.demo.config import SAMPLES, TASKS  # noqa: E402
 from entrogym.demo.report import tracking  # noqa: E402
 
 TINY = ["--model", "tiny-random-llama", "--eval-tasks", "2"]
@@ -108,6 +109,8 @@ def test_entrogym_rows_end_to_end_on_a_tiny_model(tmp_path, capsys) -> None:
     assert 0.0 <= repo["accuracy"]["last"] <= 1.0
     assert set(printed["verdict"]["0"]) == {"repo-r"}
     assert printed["settings"]["trl_deltas"] == [] and (out / "seed0" / "grpo").is_dir()
+    # both frameworks' workload is the demo's (TRL's is built from the same settings)
+    assert (printed["settings"]["tasks"], printed["settings"]["samples"]) == (TASKS, SAMPLES)
 
 
 def test_trls_adaptive_entropy_run_is_scored_by_entrogyms_grader(tmp_path) -> None:
