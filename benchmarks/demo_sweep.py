@@ -78,7 +78,7 @@ def run_cell(cell: dict[str, Any], out: Path) -> dict[str, Any]:
     with the tracking, controller and timing columns the sweep's tables show."""
     from entrogym.demo import demo_config, train_one
     from entrogym.train.metrics import read_metrics
-    from entrogym.train.tracking import max_excursion, tracking_error
+    from entrogym.train.tracking import filled_targets, max_excursion, tracking_error
 
     name = cell_name(cell)
     cfg = demo_config(cell["algo"], out / "runs", cell["iters"], cell["lr"], cell["eval_tasks"],
@@ -88,7 +88,7 @@ def run_cell(cell: dict[str, Any], out: Path) -> dict[str, Any]:
     rows = read_metrics(Path(run["folder"]))
     rows_t = [r for r in rows if r.get("kind", "train") == "train"]
     entropy = [r["entropy"] for r in rows_t]
-    target = [r["entropy_target"] for r in rows_t]
+    target = filled_targets([r["entropy_target"] for r in rows_t], entropy)
     lever = cfg.algorithm().lever.name
     coefficient = next((k for k in COEFFICIENTS if rows_t[0].get(k) is not None and
                         (k != "eps_high" or lever == "clip-high")), None)  # fmt: skip

@@ -54,25 +54,41 @@ class EntropyControl:
         """One iteration's entropy (of the policy that collected its experience): recorded, and
         fed to a controller that steps once per iteration."""
         self.history.append(entropy)
-        self._set_target(entropy)
-        if self.controller is not None and not self.steps_per_optimizer_step:
+        self._set_target()
+        stepwise = self.steps_per_optimizer_step
+        if self.controller is not None and not stepwise and self.target is not None:
             self.controller.update(entropy, self.target)
 
     def observe_step(self, entropy: float) -> None:
-        """The entropy measured during one optimizer step, for a controller fed every step."""
-        self._set_target(entropy)
-        self.controller.update(entropy, self.target)
+        """The entropy measured during one optimizer step, for a controller fed every step
+        (it waits until the target is known)."""
+        if self.target is not None:
+            self.controller.update(entropy, self.target)
 
-    def _set_target(self, entropy: float) -> None:
+    def reference(self, entropy: float) -> None:
+        """The iteration's entropy, as soon as the update knows it (before its first optimizer
+        step): a target taken from the first iteration alone is set from it then, so a
+        controller fed every step and the lever know it from the first step on."""
+        if not self.history:
+            self._set_target(entropy)
+
+    def _set_target(self, first: float | None = None) -> None:
+        """The target, once known: from ``first`` (the first iteration's entropy, before it
+        ends) or from the recorded iterations' entropies."""
         if self.target is not None:
             return
         params = None if self.controller is None else self.controller.params
-        if params is None:
-            self.target = entropy  # no controller: the first entropy, to report the drift from it
-        elif params.target_unit == "nats":
+        if params is not None and params.target_unit == "nats":
             self.target = params.target
         else:
-            self.target = params.target * entropy
+            needed = 1 if params is None else params.target_iterations
+            seen = self.history if first is None else [first]
+            if len(seen) < needed:
+                return
+            reference = sum(seen[:needed]) / needed
+            # no controller: the first entropy, to report the drift from it
+            self.target = reference if params is None else params.target * reference
+        self.lever.target = self.target
 
     # ----- reporting and checkpoints ----------------------------------------------------------
 
@@ -110,6 +126,7 @@ class EntropyControl:
                     f"uses {mine[key]!r}; resume with the algorithm the run was started with"
                 )
         self.target, self.history = state["target"], list(state["history"])
+        self.lever.target = self.target
         if self.controller is not None and state["controller_state"] is not None:
             self.controller.load_state_dict(state["controller_state"])
 

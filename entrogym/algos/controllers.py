@@ -42,6 +42,11 @@ class ControllerParams:
             target_unit).
         target_unit: ``ratio`` (of the first observed entropy; the paper's target is 1.0) or
             ``nats`` (an absolute target, as TRL's).
+        target_iterations: a ratio target is taken from the mean entropy of this many first
+            iterations (1: the first iteration's, the paper's). A small batch's entropy varies
+            by several percent between batches of one fixed policy (docs/demo.md), so a
+            one-batch reference can be off by more than the band a run is asked to hold;
+            until the target is known the controller does not move.
         step: ``iteration`` (once per iteration, the paper's) or ``optimizer`` (after every
             optimizer step, TRL's).
         init: the coefficient's start value (unset: the lever's).
@@ -53,6 +58,7 @@ class ControllerParams:
 
     target: float = 1.0
     target_unit: TargetUnit = "ratio"
+    target_iterations: int = 1
     step: StepEvery = "iteration"
     init: float | None = None
     min: float | None = None
@@ -64,6 +70,13 @@ class ControllerParams:
         if self.target_unit not in ("ratio", "nats"):
             raise ValueError(
                 f"algo.controller.target_unit must be ratio or nats, got {self.target_unit!r}"
+            )
+        if isinstance(self.target_iterations, bool) or not (
+            isinstance(self.target_iterations, int) and self.target_iterations >= 1
+        ):
+            raise ValueError(
+                f"algo.controller.target_iterations must be an integer >= 1, "
+                f"got {self.target_iterations!r}"
             )
         if self.step not in ("iteration", "optimizer"):
             raise ValueError(

@@ -151,6 +151,38 @@ def entropy_bonus_loss(token_entropies: torch.Tensor, mask: torch.Tensor, beta: 
     return -beta * masked_mean(token_entropies, mask.to(token_entropies.dtype))
 
 
+def constraint_error(entropy: torch.Tensor, target: float, upper_slack: float) -> torch.Tensor:
+    """The relative shortfall e = (H* - H) / H* the constraint acts on: as is below the target;
+    above it, only the part past ``upper_slack`` (a relative excess the constraint tolerates,
+    ``inf`` for the one-sided constraint H >= H*)."""
+    error = (target - entropy) / target
+    return torch.where(error > 0, error, (error + upper_slack).clamp_max(0.0))
+
+
+def entropy_constraint_loss(
+    token_entropies: torch.Tensor,
+    mask: torch.Tensor,
+    multiplier: float,
+    target: float,
+    penalty: float,
+    upper_slack: float = 0.0,
+) -> torch.Tensor:
+    """Loss term of the augmented Lagrangian of the constraint H = H* (the method of
+    multipliers: Hestenes 1969, Powell 1969; Bertsekas 1982, "Constrained Optimization and
+    Lagrange Multiplier Methods", ch. 2), or of H* <= H <= (1 + upper_slack) H*.
+
+    With H the mean exact token entropy over the micro-batch's action tokens and e its relative
+    shortfall (``constraint_error``), the term is ``-multiplier * H + penalty / 2 * H* * e**2``.
+    Its gradient is that of an entropy bonus with coefficient ``multiplier + penalty * e``: the
+    multiplier (moved across steps by a controller, as dual ascent moves it) plus a
+    proportional push computed from this micro-batch's own entropy, so it acts without lag and
+    vanishes at the target (and within the slack above it).
+    """
+    entropy = masked_mean(token_entropies, mask.to(token_entropies.dtype))
+    error = constraint_error(entropy, target, upper_slack)
+    return -multiplier * entropy + 0.5 * penalty * target * error * error
+
+
 def token_covariance(
     advantages: torch.Tensor, logprobs: torch.Tensor, mask: torch.Tensor
 ) -> torch.Tensor:

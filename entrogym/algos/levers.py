@@ -34,6 +34,7 @@ from entrogym.algos.entropy import (
     centred_repo_d,
     clip_cov_tokens,
     entropy_bonus_loss,
+    entropy_constraint_loss,
     entropy_neutral_zeta,
     kl_cov_penalty,
     kl_cov_tokens,
@@ -93,6 +94,9 @@ class Lever:
 
     def __init__(self, params: Any) -> None:
         self.params = params
+        # The run's target entropy (nats) once known, for a lever that acts on the target
+        # itself (``entropy-constraint``); set by ``EntropyControl``, None before.
+        self.target: float | None = None
 
     @property
     def needs_entropy(self) -> bool:
@@ -270,8 +274,63 @@ class EntropyBonus(Lever):
         coef: float | None,
     ) -> torch.Tensor:
         if entropies is None:
-            raise ValueError("the entropy-bonus lever needs score() to return entropies")
+            raise ValueError(f"the {self.name} lever needs score() to return entropies")
         return entropy_bonus_loss(entropies, mask, coef)
+
+
+@dataclass(frozen=True)
+class EntropyConstraintParams:
+    """Knobs of the entropy-constraint lever.
+
+    Args:
+        penalty: the augmented Lagrangian's quadratic weight mu: the in-loss push is an entropy
+            bonus of mu * (H* - H) / H* from the micro-batch's own entropy H (0.2: a 25 %
+            shortfall adds 0.05 to beta).
+        upper_slack: the relative excess over the target the penalty tolerates before it pulls
+            the entropy down (0: a two-sided constraint; inf: one-sided, H >= H*).
+    """
+
+    penalty: float = 0.2
+    upper_slack: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.penalty >= 0:
+            raise ValueError(f"algo.lever.penalty must be >= 0, got {self.penalty}")
+        if not self.upper_slack >= 0:
+            raise ValueError(
+                f"algo.lever.upper_slack must be >= 0 (inf: never pull down), got {self.upper_slack}"
+            )
+
+
+@register_lever("entropy-constraint")
+class EntropyConstraint(EntropyBonus):
+    """The constraint H = H* by the method of multipliers (``entropy_constraint_loss``):
+    beta, the controller's coefficient, is the multiplier (dual ascent is the ``pi``
+    controller's integral action); ``penalty`` adds a proportional push computed inside the
+    loss from each micro-batch's exact entropy, so it needs no feedback step and does not lag.
+    Before the target is known (the first minibatch of the first iteration) it is the entropy
+    bonus with coefficient beta.
+    """
+
+    Params = EntropyConstraintParams
+    coefficient = Coefficient("beta", init=0.0, min=1e-3, max=0.1)
+    default_controller = "pi"
+    # pi as dual ascent: integral action only (the penalty is the proportional part), fed the
+    # exact entropy of every minibatch; paper's doubling cannot leave 0.
+    controller_knobs = {"pi": {"kp": 0.0, "ki": 0.5, "step": "optimizer"}, "paper": {"init": 1e-3}}
+
+    def extra_loss(
+        self,
+        logprobs: torch.Tensor,
+        entropies: torch.Tensor | None,
+        mask: torch.Tensor,
+        coef: float | None,
+    ) -> torch.Tensor:
+        if self.target is None or entropies is None:
+            return super().extra_loss(logprobs, entropies, mask, float(coef or 0.0))
+        p = self.params
+        beta = float(coef or 0.0)
+        return entropy_constraint_loss(entropies, mask, beta, self.target, p.penalty, p.upper_slack)
 
 
 @register_lever("clip-high")

@@ -75,6 +75,8 @@ class _Tally:
         self.ratio_maxes: list[float] = []
         self.chunks = self.steps = self.skipped = 0
         self.step_entropy = [0.0, 0.0]  # [sum of H over trained tokens, their count]
+        # exact H of the sampling policy over the batch's action tokens [sum, count]
+        self.exact_entropy = [0.0, 0.0]
 
     def add(self, metrics: dict[str, float], loss: torch.Tensor) -> None:
         metrics = {**metrics, "loss": float(loss.detach())}
@@ -91,6 +93,18 @@ class _Tally:
         """Accumulate one micro-batch's exact token entropies for the step's mean."""
         self.step_entropy[0] += float((entropies * mask).sum())
         self.step_entropy[1] += float(mask.sum())
+
+    def add_exact_entropy(self, entropies: torch.Tensor, mask: torch.Tensor) -> None:
+        """Accumulate exact token entropies of the sampling policy (rows scored before any
+        step of this update) for ``entropy_exact``."""
+        self.exact_entropy[0] += float((entropies.detach() * mask).sum())
+        self.exact_entropy[1] += float(mask.sum())
+
+    def exact_entropy_mean(self, action_tokens: float) -> float | None:
+        """``entropy_exact``: the sampling policy's mean exact token entropy over the batch, or
+        None unless every action token was scored with its entropy before the first step."""
+        total, count = self.exact_entropy
+        return total / count if count > 0 and count == action_tokens else None
 
     def pop_step_entropy(self) -> float | None:
         """The token-weighted mean entropy of this optimizer step's minibatch (then reset)."""
@@ -140,13 +154,18 @@ def score_old_logprobs(
     score: ScoreFn,
     micro_batch_size: int | None,
     micro_batch_tokens: int | None = None,
+    tally: _Tally | None = None,
 ) -> None:
-    """Store the current policy's log-probs of ``rows`` as old log-probs (no gradients)."""
+    """Store the current policy's log-probs of ``rows`` as old log-probs (no gradients); with
+    ``tally``, also its exact entropies there (``entropy_exact``)."""
     if rows.numel() == 0:
         return
     with torch.no_grad():
         for index in batch.micro_batches(rows, micro_batch_size, micro_batch_tokens):
-            batch.store_old_logprobs(index, score(index, False)[0])
+            logprobs, entropies = score(index, tally is not None)
+            batch.store_old_logprobs(index, logprobs)
+            if tally is not None and entropies is not None:
+                tally.add_exact_entropy(entropies, batch.rows(index).mask)
 
 
 def accumulate_minibatch(
@@ -182,6 +201,8 @@ def accumulate_minibatch(
         batch.check_scores(index, logprobs)
         if reuse_scores:
             batch.store_old_logprobs(index, logprobs)
+            if entropies is not None:
+                tally.add_exact_entropy(entropies, batch.rows(index).mask)
         if current is not None:
             current[index, : logprobs.shape[1]] = logprobs.detach()
         if not torch.isfinite(logprobs.detach()).all():
@@ -241,6 +262,8 @@ def policy_update(
     entropy = None if reuse or stale else sampled_entropy(batch.old_logprobs, batch.mask)
     sampler_entropy = None if reuse else sampled_entropy(batch.old_logprobs, batch.mask)
     current = torch.zeros(batch.mask.shape) if stale else None
+    if entropy is not None:
+        control.reference(entropy)
     tally = _Tally()
     # Clip-Cov draws tokens at random: its own stream, so the minibatch order is untouched.
     lever_generator = None if generator is None else torch.Generator()
@@ -264,7 +287,8 @@ def policy_update(
             )
             if reuse:  # every old log-prob is known before the first step
                 rest = _other_rows(minibatch, len(batch))
-                score_old_logprobs(batch, rest, score, micro_batch_size, micro_batch_tokens)
+                exact = tally if control.needs_entropy else None  # free where already scored
+                score_old_logprobs(batch, rest, score, micro_batch_size, micro_batch_tokens, exact)
                 entropy = sampler_entropy = sampled_entropy(batch.old_logprobs, batch.mask)
                 reuse = False
             if current is not None:  # the trained policy's scores, before its first step
@@ -274,6 +298,8 @@ def policy_update(
                 if not math.isfinite(entropy):  # a diverged score: the sampler's stands in
                     entropy = sampler_entropy
                 current = None
+            if entropy is not None and math.isfinite(entropy):
+                control.reference(entropy)  # the target, before the first step's feedback
             tally.count_step(step() if finite else False)
             step_entropy = tally.pop_step_entropy()
             if finite and step_entropy is not None:
@@ -283,6 +309,7 @@ def policy_update(
         **tally.summary(),
         "entropy": entropy,
         "entropy_sampler": sampler_entropy,
+        "entropy_exact": tally.exact_entropy_mean(float(batch.mask.sum())),
         "reward_mean": float(batch.rewards.float().mean()),
         "zero_adv_groups": zero_advantage_groups(batch.advantages, batch.group_ids),
         "optimizer_steps": tally.steps,

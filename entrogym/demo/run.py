@@ -76,6 +76,7 @@ def held_out_accuracy(engine_kind: str, tasks: int, seed: int, *, adapter: str |
 def train_one(config: Any) -> dict[str, Any]:
     """Train one run through the real trainer; its entropy, reward, accuracy and wall time."""
     from entrogym.train.metrics import read_metrics
+    from entrogym.train.tracking import filled_targets
     from entrogym.train.trainer import train
 
     start = time.perf_counter()
@@ -90,7 +91,9 @@ def train_one(config: Any) -> dict[str, Any]:
         "entropy_ratio": rows_t[-1]["entropy"] / rows_t[0]["entropy"],
         "reward": [r["reward_mean"] for r in rows_t],
         "zeta": [r.get("zeta") for r in rows_t],
-        "entropy_target": [r.get("entropy_target") for r in rows_t],
+        "entropy_target": filled_targets(
+            [r.get("entropy_target") for r in rows_t], [r["entropy"] for r in rows_t]
+        ),
         "controlled": config.algorithm().controller is not None,
         "accuracy_first": evals[0]["pass@1"] if evals else None,
         "accuracy_after": evals[-1]["pass@1"] if evals else None,

@@ -10,6 +10,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
+def filled_targets(targets: Sequence[float | None], entropy: Sequence[float]) -> list[float]:
+    """A run's per-iteration targets with the iterations before the target was known (a target
+    taken from several first iterations) given that target: the run is judged against the one
+    target it aimed at. A run that never set one (no controller) is judged against its first
+    iteration's entropy."""
+    known = next((t for t in targets if t is not None), entropy[0] if entropy else None)
+    return [known if t is None else t for t in targets]
+
+
 def deviations(entropy: Sequence[float], target: Sequence[float] | float) -> list[float]:
     """|H_t / H*_t - 1| per iteration (``target`` one value or one per iteration)."""
     targets = [target] * len(entropy) if isinstance(target, int | float) else list(target)
