@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,9 @@ def plot_demo(
     runs = []
     for label, folder in folders.items():
         run = load_run(folder)
-        run.algo = label  # the plots group by this name; a variant must not merge with its preset
+        # the plots group by this name (a variant must not merge with its preset); a long
+        # label is wrapped so that the legend does not stretch the figure past its axes
+        run.algo = textwrap.fill(label, 70, subsequent_indent="  ")
         runs.append(run)
     out.mkdir(parents=True, exist_ok=True)
     written = []
