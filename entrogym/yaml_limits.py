@@ -45,7 +45,13 @@ def check_yaml(text: str, source: str = "YAML") -> None:
         if not aliases:
             return  # without aliases the node count is at most the text's size
         size = _expanded_size(yaml.compose(text, Loader=loader))
-    except yaml.YAMLError:
+    except yaml.YAMLError as error:
+        # libyaml (PyYAML's C loader, 6.0.4 here) scans ahead and refuses nesting past its own
+        # limit before the events reach MAX_DEPTH: the same refusal, naming the source
+        if "nesting depth" in str(error):
+            raise YamlTooLarge(
+                f"{source} is nested more than {MAX_DEPTH} levels deep; refused"
+            ) from None
         return
     if size > MAX_NODES:
         raise YamlTooLarge(

@@ -107,3 +107,17 @@ def test_a_fresh_run_refuses_a_folder_that_holds_something_else(tmp_path: Path, 
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and str(folder) in err and "notes.txt" in err
     assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"]  # nothing written
+
+
+@pytest.mark.parametrize("depth", [65, 1200, 20000])
+def test_deep_nesting_is_refused_naming_the_source_whoever_notices_it(depth: int) -> None:
+    """Past MAX_DEPTH the event count refuses; far past it libyaml's scanner refuses first
+    (PyYAML 6.0.4's C loader): either way one refusal naming the source, never a parse error
+    without it."""
+    from entrogym.yaml_limits import MAX_DEPTH, YamlTooLarge, check_yaml
+
+    assert depth > MAX_DEPTH
+    with pytest.raises(YamlTooLarge, match=r"^cfg\.yaml is nested more than \d+ levels deep"):
+        check_yaml("a: " + "[" * depth + "]" * depth, "cfg.yaml")
+    inner = MAX_DEPTH - 1  # the mapping is the first level
+    check_yaml("a: " + "[" * inner + "]" * inner, "cfg.yaml")  # at the limit: accepted
