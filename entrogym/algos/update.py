@@ -287,7 +287,9 @@ def policy_update(
             )
             if reuse:  # every old log-prob is known before the first step
                 rest = _other_rows(minibatch, len(batch))
-                exact = tally if control.needs_entropy else None  # free where already scored
+                # entropy_exact only where the loss needs entropies anyway: these rows then pay
+                # one vocabulary-wide entropy pass more, GRPO and the rest nothing
+                exact = tally if control.needs_entropy else None
                 score_old_logprobs(batch, rest, score, micro_batch_size, micro_batch_tokens, exact)
                 entropy = sampler_entropy = sampled_entropy(batch.old_logprobs, batch.mask)
                 reuse = False

@@ -103,8 +103,9 @@ def test_algorithms_compare_by_what_they_resolve_to():
 
 
 def new_controller(max_: float) -> dict:
-    return {"name": "paper", "target": 1.0, "target_unit": "ratio", "step": "iteration",
-            "init": None, "min": None, "max": max_, "factor": 2.0}  # fmt: skip
+    return {"name": "paper", "target": 1.0, "target_unit": "ratio", "target_iterations": 1,
+            "step": "iteration", "init": None, "min": None, "max": max_,
+            "factor": 2.0}  # fmt: skip
 
 
 def test_engine_may_move_but_not_change_its_sampler():
