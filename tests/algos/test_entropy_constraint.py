@@ -197,3 +197,20 @@ def test_iterations_before_a_late_target_are_judged_against_it():
     assert max_excursion(
         entropy, filled_targets([None, None, 2.0, 2.0], entropy), 0
     ) == pytest.approx(0.3)
+
+
+@pytest.mark.parametrize(("excess", "slack", "beta_penalty"),
+                         [(0.5, float("inf"), 0.0), (0.5, 0.2, -0.3), (0.1, 0.2, 0.0),
+                          (-0.3, 0.2, 0.3)])  # fmt: skip
+def test_the_upper_slack_tolerates_an_excess_and_never_softens_the_push_below(
+    excess, slack, beta_penalty
+):
+    """H = (1 + excess) H*: above the target only the excess past the slack pulls down (none
+    with slack inf, the one-sided constraint); below it the push is as without slack. The
+    gradient is by hand: an entropy bonus of (penalty * e) with e the clipped shortfall."""
+    mask = torch.ones(2, 3, dtype=torch.float64)
+    target = 2.0
+    ent = torch.full((2, 3), target * (1 + excess), dtype=torch.float64, requires_grad=True)
+    loss = entropy_constraint_loss(ent, mask, 0.0, target, 1.0, slack)
+    (grad,) = torch.autograd.grad(loss, ent)
+    torch.testing.assert_close(grad, -beta_penalty * mask / 6, rtol=1e-9, atol=1e-12)
