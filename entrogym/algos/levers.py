@@ -326,10 +326,10 @@ class EntropyConstraint(EntropyBonus):
         mask: torch.Tensor,
         coef: float | None,
     ) -> torch.Tensor:
-        if self.target is None or entropies is None:
-            return super().extra_loss(logprobs, entropies, mask, float(coef or 0.0))
-        p = self.params
         beta = float(coef or 0.0)
+        if self.target is None or entropies is None:
+            return super().extra_loss(logprobs, entropies, mask, beta)
+        p = self.params
         return entropy_constraint_loss(entropies, mask, beta, self.target, p.penalty, p.upper_slack)
 
 

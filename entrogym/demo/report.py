@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from entrogym.demo.config import ACCURACY_SLACK, BAND, FALL, FIRST_TRACKED
-from entrogym.train.tracking import max_excursion, tracking_error
+from entrogym.train.tracking import filled_targets, max_excursion, tracking_error
 
 
 def plot_demo(
@@ -65,8 +65,7 @@ def tracking(record: dict[str, Any]) -> dict[str, float]:
     |H_t / H*_t - 1| from the goal's first tracked iteration on) of a run against its target;
     a run without a target (GRPO) against its first iteration's entropy."""
     entropy = record["entropy"]
-    target = record.get("entropy_target") or [entropy[0]] * len(entropy)
-    target = [t if t is not None else entropy[0] for t in target]
+    target = filled_targets(record.get("entropy_target") or [None] * len(entropy), entropy)
     start = min(FIRST_TRACKED, len(entropy) - 1)
     return {"tracking_error": tracking_error(entropy, target),
             "max_excursion": max_excursion(entropy, target, start=start)}  # fmt: skip
