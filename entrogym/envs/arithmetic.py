@@ -159,6 +159,9 @@ class ArithmeticEnv(TextEnv):
     # ----- episode -----------------------------------------------------------------------
 
     def _start_task(self, task_id: str) -> tuple[str, dict[str, Any]]:
+        from entrogym.envs.grading import prestart
+
+        prestart()  # the grading worker starts while the answer is generated
         return self.prompt_template.format(problem=self.problem(task_id).expression), {}
 
     def _respond(self, action: str) -> Turn:

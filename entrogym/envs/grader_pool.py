@@ -106,6 +106,13 @@ class Pool:
         self._release(worker)
         return reply
 
+    def prestart(self) -> None:
+        """Start a worker in the background when none is idle or starting, and return at once."""
+        with self._cond:
+            if self._idle or self._starting:
+                return
+        self._replace_in_background()
+
     def _replace_in_background(self) -> None:
         """Start a worker for the next call now, so it does not pay the start-up after a kill."""
         with self._cond:

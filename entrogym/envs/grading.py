@@ -19,7 +19,8 @@ What is bounded, and how (:mod:`entrogym.envs.answers` has the details):
   normalisation and fast paths of longer answers (sympy can spend hours on ``9^{9^{9^{9}}}``,
   and ``signal.alarm`` only works in a main thread);
 - not counted in ``timeout``: starting a worker when none is idle (its imports, about 1-2 s,
-  at most ``STARTUP_TIMEOUT_S``); ``warm_up`` starts them ahead of time.
+  at most ``STARTUP_TIMEOUT_S``); ``warm_up`` starts them ahead of time, ``prestart`` in the
+  background.
 
 Safe from any thread or process. Nothing raises on a response: an unreadable one is simply not
 correct, and a timeout is reported in the result.
@@ -55,6 +56,7 @@ __all__ = [
     "is_correct",
     "stats",
     "warm_up",
+    "prestart",
     "shutdown",
 ]
 
@@ -153,6 +155,15 @@ def _pool() -> Pool:
 def warm_up(workers: int = 1) -> None:
     """Start up to ``workers`` idle grading workers now, so the first sympy call is fast."""
     _POOL.warm(workers)
+
+
+def prestart() -> None:
+    """Start a grading worker in the background unless one is idle or starting; returns at
+    once. Envs that grade call it when an episode starts, so the worker's start-up (sympy's
+    imports, 1-2 s) overlaps the generation of the answer instead of delaying the first
+    answer that needs sympy. In an env worker process that first answer may come at any
+    iteration, each worker having its own grading worker."""
+    _POOL.prestart()
 
 
 def shutdown() -> None:

@@ -96,6 +96,9 @@ class MathEnv(TextEnv):
         return self._problems[task_id].answer
 
     def _start_task(self, task_id: str) -> tuple[str, dict[str, Any]]:
+        from entrogym.envs.grading import prestart
+
+        prestart()  # the grading worker starts while the answer is generated
         problem = self._problems[task_id]
         prompt = self.prompt_template.format(problem=problem.problem)
         return prompt, {"max_response_tokens": self.max_response_tokens}

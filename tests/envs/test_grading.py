@@ -233,3 +233,42 @@ def test_process_safety_after_fork() -> None:
         results = list(pool.map(_grade_job, SYMBOLIC))
     assert all(results)
     assert grade(r"\boxed{2^{4}}", "16").correct  # the parent's pool is intact
+
+
+def test_prestart_starts_one_worker_in_the_background() -> None:
+    """prestart returns at once, starts one worker (not one per call), and the next call
+    finds it idle instead of paying the start-up."""
+    from entrogym.envs.grader_pool import Pool
+
+    pool = Pool()
+    try:
+        start = time.monotonic()
+        pool.prestart()
+        pool.prestart()  # one is starting: no second one
+        assert time.monotonic() - start < 0.5  # the imports run in the background
+        assert pool._starting == 1 and not pool._idle
+        deadline = time.monotonic() + grading.STARTUP_TIMEOUT_S
+        while not pool._idle and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(pool._idle) == 1 and pool._starting == 0
+        pool.prestart()  # one is idle: nothing to start
+        assert pool._starting == 0
+        reply = pool.call({"answer": "2^{10}", "reference": "1024", "normalized": True}, 20.0)
+        assert reply is not None and reply["correct"]
+    finally:
+        pool.shutdown()
+
+
+@pytest.mark.parametrize("env_id", ["entrogym/Arithmetic-v0", "entrogym/AIME-v0"])
+def test_grading_envs_prestart_the_grader_when_an_episode_starts(
+    env_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from entrogym.envs.base import make_text_env, task_ids_of
+
+    calls: list[int] = []
+    monkeypatch.setattr(grading, "prestart", lambda: calls.append(1))
+    env = make_text_env(env_id)
+    assert not calls  # building an env (listing tasks) starts nothing
+    env.reset(options={"task_id": task_ids_of(env)[0]})
+    assert calls == [1]
+    env.close()
