@@ -4,7 +4,8 @@
 has set it, the clip range, whether the scorer must compute exact entropies, and where the
 controller is fed: ``observe`` once per iteration (the paper's step) and ``observe_step`` after
 every optimizer step (TRL's). The target is set by the first entropy the controller sees (a
-ratio of it) unless it is absolute (nats). ``state_dict`` / ``load_state_dict`` checkpoint it;
+ratio of it, averaged with the initial policy's probe batches when ``controller.target_probe``
+asks the trainer for some) unless it is absolute (nats). ``state_dict`` / ``load_state_dict`` checkpoint it;
 loading refuses a state saved by another lever or controller.
 """
 
@@ -26,6 +27,7 @@ class EntropyControl:
         self.mask = MASKS.get(config.mask.name)(config.mask.params)
         self.target: float | None = None
         self.history: list[float] = []
+        self.probe: list[float] = []  # entropies of the initial policy's probe batches
 
     # ----- what the update reads --------------------------------------------------------------
 
@@ -48,6 +50,15 @@ class EntropyControl:
         loss = self.config.loss.params
         return self.lever.clip_range(loss.eps_low, loss.eps_high, self.coefficient)
 
+    @property
+    def probe_batches(self) -> int:
+        """How many batches the trainer samples from the initial policy, before the first
+        update, to measure a ratio target (``controller.target_probe``); 0 once it is known."""
+        params = None if self.controller is None else self.controller.params
+        if params is None or params.target_unit == "nats" or self.target is not None:
+            return 0
+        return params.target_probe
+
     # ----- feedback ---------------------------------------------------------------------------
 
     def observe(self, entropy: float) -> None:
@@ -58,6 +69,10 @@ class EntropyControl:
         stepwise = self.steps_per_optimizer_step
         if self.controller is not None and not stepwise and self.target is not None:
             self.controller.update(entropy, self.target)
+
+    def observe_probe(self, entropies: list[float]) -> None:
+        """The probe batches' entropies (``probe_batches``): averaged into the target."""
+        self.probe = list(entropies)
 
     def observe_step(self, entropy: float) -> None:
         """The entropy measured during one optimizer step, for a controller fed every step
@@ -85,7 +100,9 @@ class EntropyControl:
             seen = self.history if first is None else [first]
             if len(seen) < needed:
                 return
-            reference = sum(seen[:needed]) / needed
+            # probe batches and the first iterations weigh one batch each
+            measured = self.probe + seen[:needed]
+            reference = sum(measured) / len(measured)
             # no controller: the first entropy, to report the drift from it
             self.target = reference if params is None else params.target * reference
         self.lever.target = self.target

@@ -47,6 +47,10 @@ class ControllerParams:
             by several percent between batches of one fixed policy (docs/demo.md), so a
             one-batch reference can be off by more than the band a run is asked to hold;
             until the target is known the controller does not move.
+        target_probe: a ratio target also averages this many extra batches, sampled from the
+            initial policy before the first update only to measure it (the trainer draws them
+            from the training split, as an iteration draws its tasks, and trains on none of
+            them): a target measured before any push, on more samples than one batch.
         step: ``iteration`` (once per iteration, the paper's) or ``optimizer`` (after every
             optimizer step, TRL's).
         init: the coefficient's start value (unset: the lever's).
@@ -59,6 +63,7 @@ class ControllerParams:
     target: float = 1.0
     target_unit: TargetUnit = "ratio"
     target_iterations: int = 1
+    target_probe: int = 0
     step: StepEvery = "iteration"
     init: float | None = None
     min: float | None = None
@@ -77,6 +82,12 @@ class ControllerParams:
             raise ValueError(
                 f"algo.controller.target_iterations must be an integer >= 1, "
                 f"got {self.target_iterations!r}"
+            )
+        if isinstance(self.target_probe, bool) or not (
+            isinstance(self.target_probe, int) and self.target_probe >= 0
+        ):
+            raise ValueError(
+                f"algo.controller.target_probe must be an integer >= 0, got {self.target_probe!r}"
             )
         if self.step not in ("iteration", "optimizer"):
             raise ValueError(

@@ -35,6 +35,7 @@ from entrogym.algos import (
     EntropyControl,
     UpdateBatch,
     policy_update,
+    sampled_entropy,
     token_entropy_from_logits,
 )
 from entrogym.theory.tabular import INITS, TabularSoftmaxPolicy, initial_logits
@@ -218,6 +219,21 @@ def _stepper(lab: LabConfig, policy: TabularSoftmaxPolicy, optimizer: torch.opti
     return step
 
 
+def _probe(
+    policy: TabularSoftmaxPolicy, states: torch.Tensor, batches: int, seed: int
+) -> list[float]:
+    """The sampled entropy of ``batches`` batches of the initial policy, drawn from their own
+    generator so the run's samples are those it draws without a probe."""
+    generator = torch.Generator().manual_seed(seed + 1_000_003)
+    entropies = []
+    with torch.no_grad():
+        for _ in range(batches):
+            actions = policy.sample(states, generator)
+            logprobs = policy.action_logprobs(states, actions)
+            entropies.append(sampled_entropy(logprobs, torch.ones_like(logprobs)))
+    return entropies
+
+
 def _row(policy: TabularSoftmaxPolicy, means: torch.Tensor, m: dict[str, Any]) -> dict[str, Any]:
     """The logged metrics of one iteration (exact values after the update, sampled ones of
     the experience, the update's diagnostics and the control's coefficients)."""
@@ -252,6 +268,8 @@ def run_one(
     control = EntropyControl(config)
     means = torch.as_tensor(env.reward_means)
     states = torch.arange(lab.n_states).repeat_interleave(lab.samples_per_state)
+    if control.probe_batches:  # a target measured before any push (controller.target_probe)
+        control.observe_probe(_probe(policy, states, control.probe_batches, seed))
     initial = {
         "entropy": float(policy.state_entropies().mean()),
         "reward": float(policy.expected_rewards(means).mean()),

@@ -13,7 +13,9 @@ import contextlib
 import os
 import pickle
 import random
+import shutil
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -34,7 +36,7 @@ from entrogym.agents.rollout import (
     check_env_errors,
     collect_rollouts,
 )
-from entrogym.algos import EntropyControl, UpdateBatch, policy_update
+from entrogym.algos import EntropyControl, UpdateBatch, policy_update, sampled_entropy
 from entrogym.envs.base import make_text_env, task_ids_of
 from entrogym.train import distributed
 from entrogym.train.batch import collate_episodes, success_rate, usable_episodes
@@ -76,6 +78,11 @@ from entrogym.train.versions import WeightVersions
 
 class TrainingStopped(RuntimeError):
     """Raised when the run cannot go on (too many non-finite steps)."""
+
+
+# The probe batches of a target (``Trainer._probe_target``) draw their tasks and seeds as these
+# iterations would: far past any run's end, so never a draw the run trains on.
+PROBE_ITERATION = 10**6
 
 
 class Trainer:
@@ -323,6 +330,7 @@ class Trainer:
         start = self.state.start
         self.publish_adapter(start)
         self._publish_older_versions(start)
+        self._probe_target()
         pipeline = RolloutPipeline(
             self.collect,
             max_staleness=cfg.max_staleness,
@@ -434,9 +442,12 @@ class Trainer:
         engine = max(1, cores - learner)
         return lambda: torch.set_num_threads(engine)
 
-    def collect(self, it: int, version: int | None = None) -> tuple[UpdateBatch, dict[str, Any]]:
+    def collect(
+        self, it: int, version: int | None = None, adapter: Path | None = None
+    ) -> tuple[UpdateBatch, dict[str, Any]]:
         """Rank 0: iteration ``it``'s rollouts, sampled by weight ``version`` (default ``it``,
-        the current weights), as a batch plus the rollout statistics of the metrics row. Safe
+        the current weights; from the folder ``adapter`` if given, else its own), as a batch
+        plus the rollout statistics of the metrics row. Safe
         to run in the rollout thread. Raises ``TrainingStopped`` when no usable episode came
         back."""
         cfg = self.cfg
@@ -453,7 +464,7 @@ class Trainer:
                 self.agent,
                 k=cfg.samples,
                 sampling=SamplingParams(temperature=cfg.temperature, ignore_eos=cfg.ignore_eos),
-                adapter=str(adapter_folder(self.run_dir, version)),
+                adapter=str(adapter or adapter_folder(self.run_dir, version)),
                 min_done_per_task=cfg.early_stop_min_per_task,
                 min_done_fraction=cfg.early_stop_fraction,
                 env_kwargs=cfg.env_kwargs,
@@ -570,17 +581,57 @@ class Trainer:
     def _micro_batches(self, batch: UpdateBatch, rows: torch.Tensor) -> list[torch.Tensor]:
         return batch.micro_batches(rows, self.cfg.micro_batch_size, self.cfg.micro_batch_tokens)
 
+    def _probe_target(self) -> None:
+        """``algo.controller.target_probe`` batches sampled from the initial policy before the
+        first update, scored in fp32 like an iteration's batch; their sampled entropies go into
+        the controller's target. Their tasks and seeds are drawn as iterations past any run's
+        end would draw them (``PROBE_ITERATION`` on), so never as a training iteration's. With
+        the ``hf`` engine they leave the run's own samples as they would be without them: the
+        engine samples them in a seeded scope from a copy of the initial adapter, so neither
+        its random stream nor the set of adapters it holds is changed for the run."""
+        n = self.control.probe_batches
+        if not n:
+            return
+        t0 = time.perf_counter()
+        entropies = []
+        for batch in distributed.on_main(lambda: self._collect_probe(n), self.ranks):
+            with torch.no_grad():
+                logprobs, _ = self._score_all(batch, need_entropy=False)
+            entropies.append(sampled_entropy(logprobs, batch.mask))
+        self.control.observe_probe(entropies)
+        listed = ", ".join(f"{h:.3f}" for h in entropies)
+        self._say(f"target probe: {n} batches of the initial policy, entropy {listed} nats "
+                  f"({time.perf_counter() - t0:.0f} s)")  # fmt: skip
+
+    def _collect_probe(self, n: int) -> list[UpdateBatch]:
+        start = self.state.start
+        with tempfile.TemporaryDirectory(prefix="entrogym-probe-") as tmp:
+            copy = shutil.copytree(adapter_folder(self.run_dir, start), Path(tmp) / "adapter")
+            batches = []
+            for it in range(PROBE_ITERATION + 1, PROBE_ITERATION + n + 1):
+                with self.engine.seeded(self.cfg.seed * 1_000_003 + it):
+                    batches.append(self.collect(it, version=start, adapter=copy)[0])
+        return batches
+
+    def _score_all(
+        self, batch: UpdateBatch, need_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """fp32 log-probs (and exact entropies) of every row, ``[B, T]`` like ``batch.mask``."""
+        width = batch.mask.shape[1]
+        logprobs, entropies = [], []
+        for index in self._micro_batches(batch, torch.arange(len(batch))):
+            lp, ent = self.score(batch, index, need_entropy=need_entropy)
+            logprobs.append(torch.nn.functional.pad(lp, (0, width - lp.shape[1])))
+            if ent is not None:
+                entropies.append(torch.nn.functional.pad(ent, (0, width - ent.shape[1])))
+        return torch.cat(logprobs), torch.cat(entropies) if entropies else None
+
     def sampler_entropy_check(self, batch: UpdateBatch) -> dict[str, Any]:
         """Opt-in: did the engine draw from the policy? One extra no-grad pass for the exact
         entropies at the sampled positions (``sampler_entropy_gap``; |z| > 4 fails)."""
-        logprobs, entropies = [], []
         with torch.no_grad():
-            for index in self._micro_batches(batch, torch.arange(len(batch))):
-                lp, ent = self.score(batch, index, need_entropy=True)
-                width = batch.mask.shape[1]
-                logprobs.append(torch.nn.functional.pad(lp, (0, width - lp.shape[1])))
-                entropies.append(torch.nn.functional.pad(ent, (0, width - ent.shape[1])))
-        check = sampler_entropy_gap(torch.cat(logprobs), torch.cat(entropies), batch.mask)
+            logprobs, entropies = self._score_all(batch, need_entropy=True)
+        check = sampler_entropy_gap(logprobs, entropies, batch.mask)
         return {"sampler_entropy_gap": check["gap"], "sampler_entropy_z": check["z"]}
 
     # ----- pieces the update calls ----------------------------------------------------------

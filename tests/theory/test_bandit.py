@@ -145,3 +145,21 @@ def test_bandit_cli_writes_into_out(tmp_path: Path, capsys) -> None:
     assert cli(["--algos", "rloo,dapo", *TINY, "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "rloo" in out and "dapo" in out and (tmp_path / "summary.json").exists()
+
+
+def test_a_probed_target_is_the_initial_policys_entropy_and_leaves_the_samples_alone() -> None:
+    # One batch of 4 states x 4 samples estimates the initial entropy roughly; 49 batches of
+    # the same policy (the probe's 48 and the first iteration's) estimate it 7x closer.
+    spec = "repo-r --algo.controller.target_probe 48"
+    lab = LabConfig(iters=1, n_states=4, samples_per_state=4, algos=["repo-r", spec])
+    plain_errors, probed_errors = [], []
+    for seed in range(6):
+        initial, plain = run_one("repo-r", seed, lab)
+        _, probed = run_one(spec, seed, lab)
+        # the probe draws from its own generator: the first batch is the one drawn without it
+        assert probed[0]["entropy_sampled"] == plain[0]["entropy_sampled"]
+        assert plain[0]["entropy_target"] == plain[0]["entropy_sampled"]
+        plain_errors.append(abs(plain[0]["entropy_target"] / initial["entropy"] - 1))
+        probed_errors.append(abs(probed[0]["entropy_target"] / initial["entropy"] - 1))
+    assert max(probed_errors) < 0.05
+    assert sum(probed_errors) < 0.5 * sum(plain_errors)

@@ -1,0 +1,57 @@
+"""``algo.controller.target_probe``: the target measured on extra batches of the initial policy
+before the first update, through ``entrogym train`` on tiny-random-llama with the hf engine."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from entrogym.commands.train import cli
+
+RUN = [
+    "--model", "tiny-random-llama", "--engine", "hf", "--engine-dtype", "fp32",
+    "--env", "entrogym/Arithmetic-v0", "--env-kwargs", "{num_train: 16, num_test: 4}",
+    "--iterations", "2", "--tasks-per-iter", "2", "--samples", "3",
+    "--early-stop-min-per-task", "3", "--max-response-tokens", "6",
+    "--algo", "grpo-entropy-bonus", "--algo.controller", "pi",
+]  # fmt: skip
+
+
+def _train_rows(out: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if r.get("kind") == "train"]
+
+
+def test_the_target_averages_the_probe_batches_and_the_run_samples_what_it_would_without(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli([*RUN, "--out", str(tmp_path / "plain")]) == 0
+    capsys.readouterr()
+    assert cli([*RUN, "--algo.controller.target-probe", "3", "--out", str(tmp_path / "probe")]) == 0
+    said = capsys.readouterr().out
+    found = re.search(r"target probe: 3 batches of the initial policy, entropy ([\d., ]+) nats", said)
+    assert found, said
+    probe = [float(x) for x in found.group(1).split(", ")]
+    plain, probed = _train_rows(tmp_path / "plain"), _train_rows(tmp_path / "probe")
+    # The probe trains on nothing and leaves the run's random stream alone: same samples.
+    assert [r["entropy"] for r in probed] == [r["entropy"] for r in plain]
+    assert [r["generated_tokens"] for r in probed] == [r["generated_tokens"] for r in plain]
+    # Without it the target is the first iteration's entropy; with it, the mean of four batches.
+    assert plain[0]["entropy_target"] == plain[0]["entropy"]
+    expected = (sum(probe) + probed[0]["entropy"]) / 4
+    assert probed[0]["entropy_target"] == pytest.approx(expected, abs=1e-3)  # printed to 3 places
+    assert probed[0]["entropy_target"] != probed[0]["entropy"]
+    assert len(set(probe)) == 3  # three different draws of tasks and samples
+
+
+def test_a_negative_probe_is_one_line_before_any_model_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "bad"
+    assert cli([*RUN, "--algo.controller.target-probe", "-1", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith("algo.controller.target_probe must be an integer >= 0, got -1"), err
+    assert not out.exists()
