@@ -183,6 +183,31 @@ def entropy_constraint_loss(
     return -multiplier * entropy + 0.5 * penalty * target * error * error
 
 
+def entropy_constraint_push_loss(
+    token_entropies: torch.Tensor,
+    mask: torch.Tensor,
+    push: torch.Tensor,
+    multiplier: float,
+    target: float,
+    penalty: float,
+    upper_slack: float = 0.0,
+) -> torch.Tensor:
+    """``entropy_constraint_loss`` with the push restricted to the ``push`` tokens: the error
+    e is measured on every action token of ``mask`` (what the constraint holds), and the loss
+    is ``-(multiplier + penalty * e) * H_push`` with e held fixed, so its gradient is the
+    constraint's entropy bonus acting on the ``push`` tokens alone (0 if there are none).
+    With ``push == mask`` the gradient equals ``entropy_constraint_loss``'s.
+    """
+    dtype = token_entropies.dtype
+    entropy = masked_mean(token_entropies.detach(), mask.to(dtype))
+    error = constraint_error(entropy, target, upper_slack)
+    weights = push.to(dtype)
+    if not bool(weights.any()):
+        return (token_entropies * weights).sum()  # a zero that keeps the graph
+    pushed = masked_mean(token_entropies, weights)
+    return -(multiplier + penalty * error) * pushed
+
+
 def token_covariance(
     advantages: torch.Tensor, logprobs: torch.Tensor, mask: torch.Tensor
 ) -> torch.Tensor:

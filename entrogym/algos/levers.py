@@ -35,6 +35,7 @@ from entrogym.algos.entropy import (
     clip_cov_tokens,
     entropy_bonus_loss,
     entropy_constraint_loss,
+    entropy_constraint_push_loss,
     entropy_neutral_zeta,
     kl_cov_penalty,
     kl_cov_tokens,
@@ -140,6 +141,18 @@ class Lever:
     ) -> torch.Tensor | None:
         """A term added to the micro-batch's loss (``None``: nothing to add)."""
         return None
+
+    def extra_loss_of_rows(
+        self,
+        logprobs: torch.Tensor,
+        entropies: torch.Tensor | None,
+        mask: torch.Tensor,
+        coef: float | None,
+        advantages: torch.Tensor,
+    ) -> torch.Tensor | None:
+        """``extra_loss`` told the rows' advantages (``[b]`` or ``[b, T]``), for a lever that
+        acts on some rows only; by default ``extra_loss``."""
+        return self.extra_loss(logprobs, entropies, mask, coef)
 
 
 LEVERS: Registry = Registry("lever", base=Lever)
@@ -288,10 +301,15 @@ class EntropyConstraintParams:
             shortfall adds 0.05 to beta).
         upper_slack: the relative excess over the target the penalty tolerates before it pulls
             the entropy down (0: a two-sided constraint; inf: one-sided, H >= H*).
+        rows: where the push acts: ``all`` action tokens, or ``mixed``: only the tokens of rows
+            whose advantage is not 0 (groups with unequal rewards, where the policy gradient
+            acts), so a group the policy already solves is left alone; the constraint's error
+            is still measured on every token.
     """
 
     penalty: float = 0.2
     upper_slack: float = 0.0
+    rows: Literal["all", "mixed"] = "all"
 
     def __post_init__(self) -> None:
         if not self.penalty >= 0:
@@ -300,6 +318,8 @@ class EntropyConstraintParams:
             raise ValueError(
                 f"algo.lever.upper_slack must be >= 0 (inf: never pull down), got {self.upper_slack}"
             )
+        if self.rows not in ("all", "mixed"):
+            raise ValueError(f"algo.lever.rows must be all or mixed, got {self.rows!r}")
 
 
 @register_lever("entropy-constraint")
@@ -331,6 +351,25 @@ class EntropyConstraint(EntropyBonus):
             return super().extra_loss(logprobs, entropies, mask, beta)
         p = self.params
         return entropy_constraint_loss(entropies, mask, beta, self.target, p.penalty, p.upper_slack)
+
+    def extra_loss_of_rows(
+        self,
+        logprobs: torch.Tensor,
+        entropies: torch.Tensor | None,
+        mask: torch.Tensor,
+        coef: float | None,
+        advantages: torch.Tensor,
+    ) -> torch.Tensor:
+        p = self.params
+        if p.rows == "all" or self.target is None or entropies is None:
+            return self.extra_loss(logprobs, entropies, mask, coef)
+        moved = advantages != 0
+        moved = moved.any(dim=1) if moved.dim() == 2 else moved
+        push = mask * moved[:, None].to(mask.dtype)
+        beta = float(coef or 0.0)
+        return entropy_constraint_push_loss(
+            entropies, mask, push, beta, self.target, p.penalty, p.upper_slack
+        )
 
 
 @register_lever("clip-high")

@@ -144,7 +144,7 @@ def micro_batch_loss(
         metrics["token_mask_share"] = float(keep.sum() / (terms.mask > 0).sum())
         trained = keep.to(rows.mask.dtype)  # the bonus acts on the kept tokens too (as TRL's)
     loss = -aggregate(objective, terms.mask, config.loss.params.aggregation)
-    extra = lever.extra_loss(logprobs, entropies, trained, coef)
+    extra = lever.extra_loss_of_rows(logprobs, entropies, trained, coef, advantages)
     return (loss if extra is None else loss + extra), {**terms.metrics, **metrics}, trained
 
 

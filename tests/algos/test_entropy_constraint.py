@@ -8,7 +8,11 @@ import pytest
 import torch
 
 from entrogym.algos import EntropyControl, UpdateBatch, build_algorithm, policy_update
-from entrogym.algos.entropy import entropy_constraint_loss, sampled_entropy
+from entrogym.algos.entropy import (
+    entropy_constraint_loss,
+    entropy_constraint_push_loss,
+    sampled_entropy,
+)
 
 
 def _entropies(seed: int = 0):
@@ -85,6 +89,44 @@ def test_the_constraint_settles_at_an_absolute_target_from_either_side(sharpness
     assert target == 1.2
     assert abs(trace[0] - target) > 0.2  # it starts away from the target
     assert all(abs(h / target - 1) < 0.05 for h in trace[-10:]), trace
+
+
+@pytest.mark.parametrize("upper_slack", [0.0, 0.2])
+def test_a_push_on_some_rows_is_the_constraints_bonus_there_and_nothing_elsewhere(upper_slack):
+    ent, mask = _entropies(2)
+    m, target, penalty = 0.02, 1.0, 0.8
+    (whole,) = torch.autograd.grad(
+        entropy_constraint_loss(ent, mask, m, target, penalty, upper_slack), ent
+    )
+    (same,) = torch.autograd.grad(
+        entropy_constraint_push_loss(ent, mask, mask, m, target, penalty, upper_slack), ent
+    )
+    torch.testing.assert_close(same, whole)  # pushing on every token is the constraint
+    push = mask.clone()
+    push[0] = 0
+    push[2] = 0
+    (grad,) = torch.autograd.grad(
+        entropy_constraint_push_loss(ent, mask, push, m, target, penalty, upper_slack), ent
+    )
+    # by hand: the error from every token of mask, the bonus spread over the pushed ones only
+    mean = float((ent.detach() * mask).sum() / mask.sum())
+    error = (target - mean) / target
+    error = error if error > 0 else min(error + upper_slack, 0.0)
+    torch.testing.assert_close(grad, -(m + penalty * error) * push / float(push.sum()))
+    nothing = entropy_constraint_push_loss(ent, mask, torch.zeros_like(mask), m, target, penalty)
+    assert float(nothing) == 0.0 and not torch.autograd.grad(nothing, ent)[0].any()
+
+
+@pytest.mark.parametrize(("rows", "moves"), [("all", True), ("mixed", False)])
+def test_rows_mixed_leaves_groups_of_equal_rewards_alone(rows, moves):
+    # every reward is 1: no group carries a policy gradient, so only the lever could move the
+    # policy; with rows: mixed it does not
+    algo = {"name": "grpo",
+            "lever": {"name": "entropy-constraint", "penalty": 3.0, "rows": rows},
+            "controller": {"name": "fixed", "init": 0.0, "target": 1.2,
+                           "target_unit": "nats"}}  # fmt: skip
+    trace, _ = _tabular_run(algo, 3.0)
+    assert (abs(trace[-1] - trace[0]) > 0.1) == moves, trace
 
 
 def test_a_plain_bonus_of_the_same_size_does_not_stop_at_the_target():

@@ -49,6 +49,8 @@ def test_train_with_algorithm_options_and_held_out_eval(tmp_path: Path) -> None:
         (["--algo", "grpo-adaptive-entropy", "--algo.mask", "high-entropy"], "beta", "token_mask_share"),
         (["--algo", "adapo", "--algo.controller", "additive", "--algo.controller.step", "optimizer"],
          "eps_high", None),
+        (["--algo", "grpo", "--algo.lever", "entropy-constraint", "--algo.lever.rows", "mixed",
+          "--algo.controller.target-probe", "1"], "beta", None),
     ],
 )  # fmt: skip
 def test_every_lever_and_controller_trains_through_the_command(
