@@ -94,8 +94,9 @@ def test_knobs_belong_to_parts_and_wrong_ones_are_named():
         ValueError, match="algo.controller.kp is not a knob of controller 'paper'"
     ) as e:
         build_algorithm({"name": "repo-r", "controller": {"kp": 0.5}})
-    assert "its knobs: target, target_unit, target_iterations, target_probe, step, init, min, max, factor" in str(
-        e.value
+    assert (
+        "its knobs: target, target_unit, target_iterations, target_probe, step, init, min, max, factor"
+        in str(e.value)
     )
     assert "controllers that have it: pi" in str(e.value)
     with pytest.raises(ValueError, match="preset 'grpo' has no lever, so nothing to control") as e:

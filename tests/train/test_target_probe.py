@@ -32,7 +32,9 @@ def test_the_target_averages_the_probe_batches_and_the_run_samples_what_it_would
     capsys.readouterr()
     assert cli([*RUN, "--algo.controller.target-probe", "3", "--out", str(tmp_path / "probe")]) == 0
     said = capsys.readouterr().out
-    found = re.search(r"target probe: 3 batches of the initial policy, entropy ([\d., ]+) nats", said)
+    found = re.search(
+        r"target probe: 3 batches of the initial policy, entropy ([\d., ]+) nats", said
+    )
     assert found, said
     probe = [float(x) for x in found.group(1).split(", ")]
     plain, probed = _train_rows(tmp_path / "plain"), _train_rows(tmp_path / "probe")
