@@ -5,8 +5,8 @@ has set it, the clip range, whether the scorer must compute exact entropies, and
 controller is fed: ``observe`` once per iteration (the paper's step) and ``observe_step`` after
 every optimizer step (TRL's). The target is set by the first entropy the controller sees (a
 ratio of it, averaged with the initial policy's probe batches when ``controller.target_probe``
-asks the trainer for some) unless it is absolute (nats). ``state_dict`` / ``load_state_dict`` checkpoint it;
-loading refuses a state saved by another lever or controller.
+asks the trainer for some) unless it is absolute (nats). ``state_dict`` / ``load_state_dict``
+checkpoint it; loading refuses a state saved by another lever or controller.
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ coefficient always means more entropy. A lever may act in four places, each opti
 * ``shape_advantages``: per-token advantages (REPO-R, REPO-D);
 * ``clip_range``: the policy loss's clip range (ADAPO's upper clip);
 * ``adjust_objective``: the per-token objective before aggregation (Clip-Cov, KL-Cov);
-* ``extra_loss``: a term added to the loss (the entropy bonus).
+* ``extra_loss``: a term added to the loss (the entropy bonus); ``extra_loss_of_rows`` is the
+  same term told the rows' advantages, for a lever that acts on some rows only
+  (``entropy-constraint`` with ``rows: mixed``).
 
 Adding one is a class plus a decorator line; ``examples/custom_entropy_control.py`` writes one
 and trains with it through ``entrogym train --algo.lever module:name``::
