@@ -1,7 +1,7 @@
 """The algorithm core, on tensors only: advantage estimators, policy losses, token masks,
-entropy levers and their controllers (each a registry of small parts with typed params),
-the presets that compose them, and the policy update. It imports nothing from entrogym outside
-itself and reads no text."""
+sampler-mismatch importance weights, entropy levers and their controllers (each a registry of
+small parts with typed params), the presets that compose them, and the policy update. It
+imports nothing from entrogym outside itself and reads no text."""
 
 from entrogym.algos.advantages import (
     ADVANTAGES,
@@ -23,6 +23,7 @@ from entrogym.algos.controllers import (
     PIParams,
     register_controller,
 )
+from entrogym.algos.correction import CORRECTION_MODES, check_correction, sampler_weights
 from entrogym.algos.entropy import (
     centred_logprobs,
     entropy_bonus_loss,
@@ -46,6 +47,7 @@ __all__ = [
     "ADVANTAGES",
     "ALGORITHMS",
     "CONTROLLERS",
+    "CORRECTION_MODES",
     "LEVERS",
     "LOSSES",
     "MASKS",
@@ -69,6 +71,7 @@ __all__ = [
     "algorithm_mapping",
     "build_algorithm",
     "centred_logprobs",
+    "check_correction",
     "clipped_policy_loss",
     "compute_advantages",
     "entropy_bonus_loss",
@@ -86,6 +89,7 @@ __all__ = [
     "repo_d",
     "repo_r",
     "rloo",
+    "sampler_weights",
     "importance_weighted_entropy",
     "sampled_entropy",
     "score_old_logprobs",
