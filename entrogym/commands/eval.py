@@ -26,7 +26,13 @@ from entrogym.commands.preflight import (
     check_model_fits,
     check_writable_dir,
 )
-from entrogym.train.evaluation import REPORT_HOOK, EvalPlan, plan_evaluation, run_evaluation
+from entrogym.train.evaluation import (
+    REPORT_HOOK,
+    EvalPlan,
+    pass_at_ks,
+    plan_evaluation,
+    run_evaluation,
+)
 
 PROG = "entrogym eval"
 # options that are shortcuts for one env keyword argument each (kept from earlier versions)
@@ -44,7 +50,8 @@ class EvalConfig(AgentConfig):
             also passed to the env as its ``split`` keyword.
         adapter: LoRA adapter folder (refused if it was trained on another base model).
         urls: base URLs of running ``vllm serve`` instances (the same as engine_urls).
-        samples: samples per task (k of pass@k).
+        samples: samples per task: pass@k is reported at k = 1, 4, 16, 64 up to it, and at it.
+        pass_at: more ks to report pass@k at (each from 1 to --samples).
         max_tasks: evaluate the first N tasks of the split only.
         out: folder for eval.json (None = print only).
         seed: seed of the rollouts.
@@ -66,6 +73,7 @@ class EvalConfig(AgentConfig):
     adapter: str | None = None
     urls: list[str] = field(default_factory=list)
     samples: int = 1
+    pass_at: list[int] = field(default_factory=list)
     max_tasks: int | None = None
     out: str | None = None
     seed: int = 0
@@ -87,6 +95,10 @@ class EvalConfig(AgentConfig):
             raise ValueError("env is required: pass --env ID (e.g. entrogym/AIME-v0)")
         if self.samples < 1:
             raise ValueError(f"samples (--samples) must be >= 1, got {self.samples}")
+        try:
+            pass_at_ks(self.samples, self.pass_at)
+        except ValueError as exc:
+            raise ValueError(f"pass_at (--pass-at): {exc}") from exc
         if not 0 <= self.max_env_error_fraction <= 1:
             raise ValueError(
                 f"max_env_error_fraction must be in [0, 1], got {self.max_env_error_fraction}"
@@ -114,10 +126,14 @@ class EvalConfig(AgentConfig):
 
 
 def build_parser() -> Any:
-    return make_parser(
-        PROG, "Evaluate a policy on an env split: pass@1/pass@k plus the env's own metrics.",
+    parser = make_parser(
+        PROG, "Evaluate a policy on an env split: pass@k plus the env's own metrics.",
         EvalConfig,
     )  # fmt: skip
+    for action in parser._actions:
+        if action.dest == "pass_at":
+            action.metavar = "K [K ...]"
+    return parser
 
 
 def prepare(cfg: EvalConfig) -> EvalPlan:
@@ -163,7 +179,7 @@ def run_eval(cfg: EvalConfig, plan: EvalPlan) -> tuple[dict[str, Any], dict[str,
         result = run_evaluation(
             engine, agent, plan, samples=cfg.samples, adapter=cfg.adapter,
             temperature=cfg.temperature, seed=cfg.seed, out_dir=cfg.out,
-            report_options=cfg.report_options,
+            report_options=cfg.report_options, pass_at=cfg.pass_at,
         )  # fmt: skip
     finally:
         engine.close()
@@ -188,12 +204,19 @@ def _score(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4f}"
 
 
+def _pass_at_k_text(summary: dict[str, Any]) -> str:
+    """``pass@1=0.2500 @4=0.5000 @8=0.7500``: every pass@k of the summary, k ascending."""
+    ks = sorted(int(key[5:]) for key in summary if key[:5] == "pass@" and key[5:].isdigit())
+    return " ".join(f"{'pass' if i == 0 else ''}@{k}={_score(summary[f'pass@{k}'])}"
+                    for i, k in enumerate(ks))  # fmt: skip
+
+
 def human_summary(summary: dict[str, Any], display: dict[str, Any]) -> str:
     k = summary["samples"]
     parts = [f"{summary['env']} [{summary['split']}] {summary['model']}:"]
-    parts.append(f"tasks={summary['tasks']} samples={k} pass@1={_score(summary['pass@1'])}")
-    if k > 1:
-        parts.append(f"pass@{k}={_score(summary[f'pass@{k}'])}")
+    parts.append(f"tasks={summary['tasks']} samples={k} {_pass_at_k_text(summary)}")
+    if k > 1 and summary["distinct_correct_mean"] is not None:
+        parts.append(f"distinct_correct={summary['distinct_correct_mean']:.2f}")
     parts.append(f"env_errors={summary['env_errors']}")
     if display.get("summary_text"):
         parts.append(str(display["summary_text"]))

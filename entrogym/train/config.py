@@ -100,7 +100,7 @@ class TrainConfig(AgentConfig):
         eval_split: split to evaluate (None = the env's held-out split, never train).
         eval_every: iterations between evaluations of the updated weights (0 = never).
         eval_tasks: first N tasks of the eval split (None = all).
-        eval_samples: samples per eval task (pass@1 and pass@k with k = eval_samples).
+        eval_samples: samples per eval task (pass@k at k = 1, 4, 16, 64 up to it, and at it).
         out: run folder (metrics.jsonl, tb/, checkpoints/, plots).
         report_to: trackers that get every metrics row besides metrics.jsonl, comma-separated:
             tensorboard (RUN/tb), wandb (offline without WANDB_API_KEY), trackio, mlflow

@@ -6,16 +6,16 @@ env's held-out one by default, never train), its tasks, the env kwargs of the ro
 turn-budget rule. Everything env-specific comes from the env's optional evaluation hooks
 (:class:`entrogym.envs.contract.EvaluationHooks`), reached with ``env.get_wrapper_attr``.
 :func:`run_evaluation` then rolls out ``samples`` episodes of every task (no early stopping,
-sampling seeded where the engine allows it) and reports pass@1 / pass@k over the episodes that
-ran, the env errors, and the env's own fields (its per-task columns and report). The same
-adapter, tasks and seed give the same numbers in a run and in ``entrogym eval``.
+sampling seeded where the engine allows it) and reports pass@k (:func:`pass_at_ks`) and the
+distinct correct answers over the episodes that ran, the env errors, and the env's own fields
+(its per-task columns and report). The same adapter, tasks and seed give the same numbers in a
+run and in ``entrogym eval``. The scores themselves are :mod:`entrogym.train.eval_scores`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from math import comb
 from pathlib import Path
 from typing import Any
 
@@ -24,33 +24,31 @@ from entrogym.agents.config import TURN_BUDGET_RULES
 from entrogym.agents.engines import Engine, SamplingParams
 from entrogym.agents.rollout import collect_rollouts
 from entrogym.envs.base import env_attr, make_text_env, task_ids_of
+from entrogym.train.eval_scores import (
+    distinct_correct,
+    final_answer,
+    mean_pass_at_k,
+    pass_at_k,
+    pass_at_ks,
+)
+
+__all__ = [  # the scores are re-exported: callers import them from here
+    "EvalPlan",
+    "EvalResult",
+    "evaluate_policy",
+    "held_out_split",
+    "mean_pass_at_k",
+    "pass_at_k",
+    "pass_at_ks",
+    "plan_evaluation",
+    "run_evaluation",
+]
 
 ENV_KWARGS_HOOK = "evaluation_env_kwargs"
 TASK_FIELDS_HOOK = "evaluation_task_fields"
 REPORT_HOOK = "evaluation_report"
 # keys of evaluation_report's answer that are for the printed summary only (not stored)
 DISPLAY_KEYS = ("summary_text", "report_lines")
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from ``n`` samples of which ``c`` are correct: 1 - C(n-c, k) / C(n, k)
-    (Chen et al., 2021, "Evaluating Large Language Models Trained on Code", eq. 1)."""
-    if not (0 <= c <= n) or n < 1:
-        raise ValueError(f"pass_at_k needs n >= 1 and 0 <= c <= n, got n={n}, c={c}")
-    if not 1 <= k <= n:
-        raise ValueError(f"pass_at_k needs 1 <= k <= n (samples per task), got k={k}, n={n}")
-    return 1.0 - comb(n - c, k) / comb(n, k)
-
-
-def mean_pass_at_k(correct: Mapping[str, Sequence[bool]], k: int) -> float:
-    """pass@k averaged over tasks; ``correct[task]`` holds one bool per sample. A task with
-    fewer than ``k`` samples (early-stopped) counts with k = its sample count."""
-    scored = {t: v for t, v in correct.items() if v}
-    if not scored:
-        raise ValueError("mean_pass_at_k needs at least one task with a sample")
-    return sum(pass_at_k(len(v), sum(map(bool, v)), min(k, len(v))) for v in scored.values()) / len(
-        scored
-    )
 
 
 def held_out_split(env: Any) -> str:
@@ -180,8 +178,9 @@ def plan_evaluation(
 
 @dataclass
 class EvalResult:
-    """``summary`` (pass@1, pass@k, counts and the env's fields), one ``per_task`` row per task,
-    the ``episodes``, and ``display``: what the env's report asks to print, not to store."""
+    """``summary`` (pass@k, distinct correct answers, counts and the env's fields), one
+    ``per_task`` row per task, the ``episodes``, and ``display``: what the env's report asks
+    to print, not to store."""
 
     summary: dict[str, Any]
     per_task: list[dict[str, Any]] = field(default_factory=list)
@@ -189,39 +188,57 @@ class EvalResult:
     display: dict[str, Any] = field(default_factory=dict)
 
 
-def _scores(plan: EvalPlan, episodes: list[Any], samples: int) -> dict[str, Any]:
-    """pass@1 / pass@k over the episodes that ran: an env error is not a wrong answer, so its
-    episode is counted in ``env_errors`` and left out (None when no episode ran)."""
+def _correct_answers(episodes: list[Any]) -> list[str]:
+    """The final answers of the correct episodes among ``episodes`` that ran."""
+    from entrogym.train.batch import is_success
+
+    return [final_answer(e.info) for e in episodes if not e.failed and is_success(e)]
+
+
+def _scores(
+    plan: EvalPlan, episodes: list[Any], samples: int, pass_at: Sequence[int] = ()
+) -> dict[str, Any]:
+    """pass@k for every k of :func:`pass_at_ks` (``samples``, ``pass_at``) and the mean number
+    of distinct correct answers per task, over the episodes that ran: an env error is not a
+    wrong answer, so its episode is counted in ``env_errors`` and left out (the scores are None
+    when no episode ran)."""
     from entrogym.train.batch import is_success
 
     ran = [e for e in episodes if not e.failed]
     correct = {t: [is_success(e) for e in ran if e.task_id == t] for t in plan.tasks}
-    scored = sum(bool(v) for v in correct.values())
-    at1 = mean_pass_at_k(correct, 1) if scored else None
+    scored = [t for t, v in correct.items() if v]
+    at_k = {
+        f"pass@{k}": mean_pass_at_k(correct, k) if scored else None
+        for k in pass_at_ks(samples, pass_at)
+    }
+    distinct = [
+        distinct_correct(_correct_answers([e for e in ran if e.task_id == t])) for t in scored
+    ]
     return {
-        "pass@1": at1,
-        "accuracy": at1,
-        f"pass@{samples}": mean_pass_at_k(correct, samples) if scored else None,
+        **at_k,
+        "accuracy": at_k["pass@1"],
+        "distinct_correct_mean": sum(distinct) / len(distinct) if scored else None,
         "reward_mean": sum(e.reward for e in ran) / len(ran) if ran else None,
         "episodes": len(episodes),
         "env_errors": len(episodes) - len(ran),
-        "tasks_scored": scored,
+        "tasks_scored": len(scored),
         "truncated": sum(bool(e.truncated) for e in episodes),
     }
 
 
 def _task_rows(plan: EvalPlan, episodes: list[Any]) -> list[dict[str, Any]]:
-    """Per task: its samples, the correct ones, rewards, turns, the limit that cut each sample
-    (``truncated_by``: None, ``turn``, ``context`` or ``env``) and its env errors."""
-    from entrogym.train.batch import is_success
-
+    """Per task: its samples, the correct ones and their distinct final answers, rewards,
+    turns, the limit that cut each sample (``truncated_by``: None, ``turn``, ``context`` or
+    ``env``) and its env errors."""
     rows = []
     for task in plan.tasks:
         eps = [e for e in episodes if e.task_id == task]
+        answers = _correct_answers(eps)
         rows.append({
             "task_id": task,
             "samples": len(eps),
-            "correct": sum(is_success(e) for e in eps if not e.failed),
+            "correct": len(answers),
+            "distinct_correct": distinct_correct(answers),
             "rewards": [e.reward for e in eps],
             "num_turns": [e.num_turns for e in eps],
             "truncated_by": [e.info.get("truncated_by") for e in eps],
@@ -267,9 +284,11 @@ def run_evaluation(
     report_options: dict[str, Any] | None = None,
     env_workers: Any = None,
     env_timeout: float | None = None,
+    pass_at: Sequence[int] = (),
 ) -> EvalResult:
     """Roll out ``samples`` episodes of every task of ``plan`` with ``adapter`` and score them.
-    ``env_workers`` / ``env_timeout``: where the envs run (``collect_rollouts``).
+    ``env_workers`` / ``env_timeout``: where the envs run (``collect_rollouts``). ``pass_at``:
+    ks to report pass@k at besides those of :func:`pass_at_ks` (each in 1..samples).
 
     Episode ``i`` is reset with ``seed + i``, and sampling is seeded with ``seed`` where the
     engine allows (``Engine.seeded``: the hf engine), so the result does not depend on what
@@ -277,6 +296,7 @@ def run_evaluation(
     """
     if report_options and REPORT_HOOK not in plan.hooks:
         raise ValueError(f"report_options: env {plan.env!r} has no {REPORT_HOOK} hook to take them")
+    pass_at_ks(samples, pass_at)  # a bad k fails before the rollouts
     if agent.on_turn_budget != plan.on_turn_budget:
         agent = agent.with_turn_budget_rule(plan.on_turn_budget)
     with engine.seeded(seed):
@@ -296,7 +316,7 @@ def run_evaluation(
         )
     episodes = list(episodes)
     summary = {"split": plan.split, "tasks": len(plan.tasks), "samples": samples,
-               **_scores(plan, episodes, samples)}  # fmt: skip
+               **_scores(plan, episodes, samples, pass_at)}  # fmt: skip
     per_task = _task_rows(plan, episodes)
     results = {"summary": summary, "per_task": per_task, "episodes": episodes,
                "tasks": list(plan.tasks), "samples": samples, "split": plan.split}  # fmt: skip

@@ -17,23 +17,29 @@ TINY = ["--model", "tiny-random-llama", "--engine", "hf", "--engine-dtype", "fp3
 
 def test_eval_arithmetic_writes_pass_at_k(tmp_path: Path, capsys) -> None:
     out = tmp_path / "run"
-    argv = ["--env", "entrogym/Arithmetic-v0", *TINY, "--max-tasks", "3", "--samples", "2"]
-    assert cli([*argv, "--max-response-tokens", "4", "--out", str(out)]) == 0
+    argv = ["--env", "entrogym/Arithmetic-v0", *TINY, "--max-tasks", "3", "--samples", "4"]
+    assert cli([*argv, "--pass-at", "2", "--max-response-tokens", "4", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "pass@1=" in printed and "pass@2=" in printed
+    assert " pass@1=" in printed and " @2=" in printed and " @4=" in printed
+    assert "distinct_correct=" in printed
     report = json.loads((out / "eval.json").read_text())
     assert not list(out.glob(".eval.json.*"))  # the temp file was renamed, not left behind
     summary, per_task = report["summary"], report["per_task"]
-    assert summary["tasks"] == 3 and summary["samples"] == 2 and summary["episodes"] == 6
-    assert [t["samples"] for t in per_task] == [2, 2, 2]
+    assert summary["tasks"] == 3 and summary["samples"] == 4 and summary["episodes"] == 12
+    assert [t["samples"] for t in per_task] == [4, 4, 4]
     assert len({t["task_id"] for t in per_task}) == 3
     for t in per_task:
-        assert 0 <= t["correct"] <= 2 and len(t["rewards"]) == 2
-    assert summary["pass@1"] == pytest.approx(sum(t["correct"] / 2 for t in per_task) / 3)
-    assert summary["pass@2"] == pytest.approx(
-        sum(pass_at_k(2, t["correct"], 2) for t in per_task) / 3
+        assert 0 <= t["correct"] <= 4 and len(t["rewards"]) == 4
+        assert min(t["correct"], 1) <= t["distinct_correct"] <= t["correct"]
+    assert sorted(k for k in summary if k.startswith("pass@")) == ["pass@1", "pass@2", "pass@4"]
+    for k in (1, 2, 4):
+        want = sum(pass_at_k(4, t["correct"], k) for t in per_task) / 3
+        assert summary[f"pass@{k}"] == pytest.approx(want)
+    assert summary["pass@1"] == pytest.approx(sum(t["correct"] / 4 for t in per_task) / 3)
+    assert summary["pass@1"] <= summary["pass@2"] <= summary["pass@4"]
+    assert summary["distinct_correct_mean"] == pytest.approx(
+        sum(t["distinct_correct"] for t in per_task) / 3
     )
-    assert summary["pass@2"] >= summary["pass@1"]
 
 
 class HookedArithmetic(ArithmeticEnv):
@@ -177,6 +183,24 @@ def test_eval_unknown_env_exits_2(capsys) -> None:
 def test_eval_bad_option_exits_2(capsys) -> None:
     assert cli(["--env", "entrogym/Arithmetic-v0", *TINY, "--samples", "0"]) == 2
     assert "--samples" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", ["5", "0"])
+def test_eval_pass_at_outside_the_samples_exits_2_before_anything_loads(
+    bad: str, capsys, monkeypatch
+) -> None:
+    import entrogym.agents.engines as engines
+    import entrogym.commands.eval as eval_command
+
+    def never(*args, **kwargs):
+        raise AssertionError("the k must be refused before the env or a model is loaded")
+
+    monkeypatch.setattr(eval_command, "prepare", never)
+    monkeypatch.setattr(engines, "make_engine", never)
+    argv = ["--env", "entrogym/Arithmetic-v0", *TINY, "--samples", "4", "--pass-at", "2", bad]
+    assert cli(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--pass-at" in err and f"got k={bad}" in err, err
 
 
 def test_pass_at_k_unbiased_estimator() -> None:

@@ -38,8 +38,8 @@ def test_entrogym_eval_equals_the_trainers_eval_row(tmp_path: Path) -> None:
             "--on-turn-budget", SETTINGS["on_turn_budget"], "--out", str(tmp_path / "ev")]  # fmt: skip
     assert cli(argv) == 0
     summary = json.loads((tmp_path / "ev" / "eval.json").read_text())["summary"]
-    keys = ["split", "tasks", "samples", "pass@1", "pass@3", "reward_mean", "episodes",
-            "env_errors", "truncated"]  # fmt: skip
+    keys = ["split", "tasks", "samples", "pass@1", "pass@3", "distinct_correct_mean",
+            "reward_mean", "episodes", "env_errors", "truncated"]  # fmt: skip
     assert {k: summary[k] for k in keys} == {k: row[k] for k in keys}
     assert 0 < row["reward_mean"] < 1  # graded rewards: equal numbers mean equal samples
     # a different seed samples differently: the equality above is not a constant
