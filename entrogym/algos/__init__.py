@@ -3,6 +3,7 @@ entropy levers and their controllers (each a registry of small parts with typed 
 the presets that compose them, and the policy update. It imports nothing from entrogym outside
 itself and reads no text."""
 
+from entrogym.algos import aepo, entropic  # noqa: F401  (register their levers and controllers)
 from entrogym.algos.advantages import (
     ADVANTAGES,
     GrpoParams,
