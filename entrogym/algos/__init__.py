@@ -3,6 +3,7 @@ sampler-mismatch importance weights, entropy levers and their controllers (each 
 small parts with typed params), the presets that compose them, and the policy update. It
 imports nothing from entrogym outside itself and reads no text."""
 
+from entrogym.algos import aepo, entropic  # noqa: F401  (register their levers and controllers)
 from entrogym.algos.advantages import (
     ADVANTAGES,
     GrpoParams,

@@ -39,6 +39,7 @@ from entrogym.algos import (
     token_entropy_from_logits,
 )
 from entrogym.theory.tabular import INITS, TabularSoftmaxPolicy, initial_logits
+from entrogym.theory.temperature import attach_temperature_samples
 from entrogym.train.algo_spec import label, merge_specs, parse_label, resolve_algorithm
 
 OPTIMIZERS = ("sgd", "adam")
@@ -283,6 +284,8 @@ def run_one(
         rewards = torch.as_tensor(env.sample_rewards(states.numpy(), actions.numpy()))
         with torch.no_grad():
             old_logprobs = sampler.action_logprobs(states, actions)
+        # AEPO's extra samples come from the policy being trained, at the controller's T
+        extra = attach_temperature_samples(control, policy, env, lab.samples_per_state, generator)
         batch = UpdateBatch.build(
             config.advantage,
             rewards=rewards.float(),
@@ -304,6 +307,7 @@ def run_one(
         versions.append(policy.logits.detach().clone())
         row = {"algo": name, "seed": seed, "iteration": iteration, **_row(policy, means, m)}
         row.update({key: m[key] for key in control.metrics() if key not in row})  # custom ones
+        row.update(extra or {})
         rows.append(row)
     return initial, rows
 

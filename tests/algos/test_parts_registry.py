@@ -44,8 +44,10 @@ OLD_STATES = {
 
 def test_every_builtin_part_is_registered_and_presets_name_them():
     assert set(LEVERS.names()) >= {"none", "repo-r", "repo-d", "entropy-bonus", "clip-high",
-                                   "clip-cov", "kl-cov"}  # fmt: skip
-    assert set(CONTROLLERS.names()) == {"fixed", "paper", "multiplicative", "additive", "pi"}
+                                   "clip-cov", "kl-cov", "entropic", "aepo"}  # fmt: skip
+    assert set(CONTROLLERS.names()) == {
+        "fixed", "paper", "multiplicative", "additive", "pi", "entropic", "aepo"
+    }  # fmt: skip
     assert set(MASKS.names()) >= {"all", "high-entropy"}
     for name, preset in ALGORITHMS.items():
         for kind, part in preset.parts.items():
