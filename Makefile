@@ -60,6 +60,13 @@ test-gpu: setup
 demo: setup
 	$(BIN)/entrogym demo
 
+# `make sequential`: task A, then task B from each stage-1 policy (docs/sequential.md).
+# SEQUENTIAL_ARGS passes options, e.g. `make sequential SEQUENTIAL_ARGS="--seeds 0 1 2"`.
+SEQUENTIAL_ARGS ?=
+.PHONY: sequential
+sequential: setup
+	$(BIN)/entrogym sequential $(SEQUENTIAL_ARGS)
+
 lint: setup
 	$(BIN)/ruff check entrogym tests examples benchmarks
 	$(BIN)/ruff format --check entrogym tests examples benchmarks

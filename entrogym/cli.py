@@ -36,6 +36,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("entrogym.commands.train:cli", "RL-train a LoRA policy on a text env with a preset"),
     "plot": ("entrogym.commands.plot:cli", "draw entropy / accuracy panels from run folders"),
     "demo": ("entrogym.commands.demo:cli", "the main demo (what `make demo` runs)"),
+    "sequential": (
+        "entrogym.commands.sequential:cli",
+        "train on task A, then on task B: does a held entropy learn B better (`make sequential`)",
+    ),
 }
 
 

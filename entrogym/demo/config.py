@@ -68,26 +68,33 @@ def demo_config(
     name: str | None = None,
     threads: int | None = None,
     model: str | None = None,
+    env: str = ENV,
+    env_kwargs: dict[str, Any] | None = None,
+    init_adapter: str | None = None,
 ) -> TrainConfig:
     """The demo's TrainConfig for one preset: ``algo`` is a preset name or ``{"name": preset,
     knob: value, ...}`` (a labelled variant); the run folder is ``out / (name or preset)``.
     ``eval_tasks=0`` turns the held-out evaluation off; ``engine`` and ``model`` replace
-    AGENT's (tests use a tiny model)."""
+    AGENT's (tests use a tiny model). ``env`` and ``env_kwargs`` (default: the demo's task)
+    name the task trained and evaluated on, and ``init_adapter`` the adapter it starts from
+    (the sequential experiment's second stage)."""
     from entrogym.train.config import TrainConfig
 
     spec = {"name": algo} if isinstance(algo, str) else dict(algo)
+    env_kwargs = ENV_KWARGS if env_kwargs is None else env_kwargs
     agent = (
         asdict(AGENT) | ({"engine": engine} if engine else {}) | ({"model": model} if model else {})
     )
     evaluation: dict[str, Any] = {"eval_env": None, "eval_every": 0, "eval_tasks": None}
     if eval_tasks:  # held-out accuracy after the first and the last update (the plots' panels)
-        evaluation = {"eval_env": ENV, "eval_env_kwargs": ENV_KWARGS, "eval_split": "test",
+        evaluation = {"eval_env": env, "eval_env_kwargs": env_kwargs, "eval_split": "test",
                       "eval_every": iterations, "eval_tasks": eval_tasks}  # fmt: skip
     return TrainConfig(
         **agent,
-        env=ENV,
-        env_kwargs=ENV_KWARGS,
+        env=env,
+        env_kwargs=env_kwargs,
         split="train",
+        init_adapter=init_adapter,
         # one pass, two optimizer steps per iteration: the second minibatch is off-policy,
         # so the presets' clipping and REPO's shaping both act
         algo={"epochs": 1, "minibatch_size": TASKS * SAMPLES // 2, **spec},

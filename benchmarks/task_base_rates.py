@@ -1,0 +1,129 @@
+"""The base model's success rate on candidate tasks: which env fits as a sequential experiment's
+second task (base success 20-60 %, short answers) and which as its first.
+
+One ``hf`` engine and agent are loaded once; every candidate is evaluated on the first
+``--tasks`` held-out tasks with ``--samples`` samples each, sampled as the trainer's eval rows
+sample (temperature 1, seeded). Prints one JSON object per candidate as it finishes, then all
+of them, with pass@1, pass@k for k in 1, 4, ..., the samples, and the wall time.
+
+    python benchmarks/task_base_rates.py --tasks 40 --samples 8 --out runs/base-rates.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from entrogym.agents.agent import LLMAgent
+from entrogym.agents.config import AgentConfig
+from entrogym.agents.engines import make_engine
+from entrogym.atomic import atomic_write_text
+from entrogym.demo.config import AGENT
+from entrogym.train.evaluation import evaluate_policy, mean_pass_at_k
+
+ARITHMETIC = "entrogym/Arithmetic-v0"
+REASONING_GYM = "entrogym/ReasoningGym-v0"
+# name -> (env id, env kwargs). The arithmetic variants keep the demo's split sizes.
+CANDIDATES: dict[str, tuple[str, dict[str, Any]]] = {
+    "arith-1digit": (ARITHMETIC, {"max_digits": 1, "num_train": 100, "num_test": 40}),
+    "arith-1digit-mul": (
+        ARITHMETIC,
+        {"max_digits": 1, "operations": "*", "num_train": 100, "num_test": 40},
+    ),
+    "arith-1digit-3ops": (
+        ARITHMETIC,
+        {"max_digits": 1, "num_operands": 3, "num_train": 100, "num_test": 40},
+    ),
+    "arith-2digit": (ARITHMETIC, {"max_digits": 2, "num_train": 100, "num_test": 40}),
+    "arith-1digit-mixed": (
+        ARITHMETIC,
+        {"max_digits": 1, "operations": "+-*", "num_train": 100, "num_test": 40},
+    ),
+    "arith-1digit-neg": (
+        ARITHMETIC,
+        {"max_digits": 1, "allow_negative": True, "num_train": 100, "num_test": 40},
+    ),
+}
+RG_DATASETS = (
+    "basic_arithmetic",
+    "chain_sum",
+    "count_bits",
+    "gcd",
+    "letter_counting",
+    "number_sorting",
+    "spell_backward",
+    "simple_equations",
+    "products",
+    "lcm",
+    "base_conversion",
+    "word_sorting",
+)
+for _name in RG_DATASETS:
+    CANDIDATES[f"rg-{_name}"] = (
+        REASONING_GYM,
+        {"dataset": _name, "size": 100, "test_size": 40, "seed": 0},
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", type=int, default=40)
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--max-response-tokens", type=int, default=AGENT.max_response_tokens)
+    parser.add_argument("--only", nargs="*", default=None, help="candidate names to run")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    names = args.only or list(CANDIDATES)
+    unknown = sorted(set(names) - set(CANDIDATES))
+    if unknown:
+        parser.error(f"unknown candidates {unknown}; choose from {sorted(CANDIDATES)}")
+    cfg = AgentConfig(**(asdict(AGENT) | {"max_response_tokens": args.max_response_tokens}))
+    engine = make_engine(cfg.engine, cfg.model, **cfg.engine_kwargs(seed=args.seed))
+    agent = LLMAgent.from_model(cfg.model, **cfg.agent_kwargs())
+    results = []
+    try:
+        for name in names:
+            env_id, kwargs = CANDIDATES[name]
+            t0 = time.perf_counter()
+            try:
+                result = evaluate_policy(engine, agent, env_id, split="test",
+                                         samples=args.samples, max_tasks=args.tasks,
+                                         temperature=1.0, seed=args.seed,
+                                         env_kwargs=kwargs)  # fmt: skip
+            except Exception as exc:  # a candidate that cannot run is reported, not fatal
+                row = {"name": name, "error": f"{type(exc).__name__}: {exc}"}
+            else:
+                # per task: one bool per sample that ran (env errors left out)
+                correct = {
+                    t["task_id"]: [True] * t["correct"]
+                    + [False] * (t["samples"] - t["env_errors"] - t["correct"])
+                    for t in result.per_task
+                }
+                ks = sorted({k for k in (1, 4, 16, 64) if k <= args.samples} | {args.samples})
+                row = {
+                    "name": name,
+                    "env": env_id,
+                    "env_kwargs": kwargs,
+                    "pass_at_k": {str(k): mean_pass_at_k(correct, k) for k in ks}
+                    if correct
+                    else None,
+                    "summary": {
+                        k: v for k, v in result.summary.items() if not isinstance(v, (list, dict))
+                    },
+                    "wall_s": round(time.perf_counter() - t0, 1),
+                }
+            print(json.dumps(row), flush=True)
+            results.append(row)
+            if args.out:
+                atomic_write_text(args.out, json.dumps(results, indent=1))
+    finally:
+        engine.close()
+
+
+if __name__ == "__main__":
+    main()

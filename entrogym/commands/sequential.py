@@ -1,0 +1,142 @@
+"""``entrogym sequential`` (what ``make sequential`` runs): train on task A, then continue every
+final policy on task B with one algorithm, and compare how the starts learn B."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from entrogym.commands.options import make_parser, parse_options, run_command
+
+PROG = "entrogym sequential"
+
+
+@dataclass
+class SequentialOptions:
+    """The sequential experiment's knobs (rollout settings are the demo's: entrogym.demo.AGENT).
+
+    Args:
+        out: output folder (must be empty or new).
+        pair: the task pair (A, B) by name; see entrogym.demo.sequential.PAIRS.
+        task_a: env id of task A instead of the pair's (with task_a_kwargs).
+        task_a_kwargs: env kwargs of task_a.
+        task_b: env id of task B instead of the pair's (with task_b_kwargs); it needs a
+            held-out split (test).
+        task_b_kwargs: env kwargs of task_b.
+        runs: stage 1's runs; a preset, a labelled variant (``"repo-d --algo.controller pi"``)
+            or ``NAME=SPEC`` for a short label. GRPO is labelled grpo; the last run is the held
+            run the goals compare with it.
+        seeds: one stage-1 run per seed and run, each continued on B with the same seed.
+        stage1_iterations: RL iterations on task A.
+        stage2_iterations: RL iterations on task B.
+        stage2_algo: the one algorithm every stage-1 adapter is trained with on B.
+        lr: AdamW learning rate of the LoRA, in both stages.
+        eval_tasks: held-out tasks per evaluation (after the first and last update of a run).
+        pass_tasks: task A's held-out tasks scored for pass@k.
+        pass_samples: samples per task for pass@k (k = 1, 4, 16, 64 up to it, and it).
+        engine: rollout engine (None: the demo's, entrogym.demo.AGENT.engine).
+        model: model name (None: the demo's SmolLM2; tests use tiny-random-llama).
+        workers: worker processes side by side, one thread each (None: two per core).
+    """
+
+    out: str = "runs/sequential"
+    pair: str = "add1-add2"
+    task_a: str | None = None
+    task_a_kwargs: dict[str, Any] = field(default_factory=dict)
+    task_b: str | None = None
+    task_b_kwargs: dict[str, Any] = field(default_factory=dict)
+    runs: list[str] = field(default_factory=lambda: list(_default_runs()))
+    seeds: list[int] = field(default_factory=lambda: [0])
+    stage1_iterations: int = 15
+    stage2_iterations: int = 10
+    stage2_algo: str = "grpo"
+    lr: float = 2.5e-4
+    eval_tasks: int = 40
+    pass_tasks: int = 16
+    pass_samples: int = 64
+    engine: str | None = None
+    model: str | None = None
+    workers: int | None = None
+
+    def __post_init__(self) -> None:
+        from entrogym.demo.sequential import PAIRS, parsed_run
+
+        if self.pair not in PAIRS:
+            raise ValueError(f"pair: unknown pair {self.pair!r}; choose from {', '.join(PAIRS)}")
+        if not self.runs:
+            raise ValueError("runs: give one or more runs; the last is the held run")
+        for spec in [*self.runs, self.stage2_algo]:
+            try:
+                parsed_run(spec)
+            except ValueError as err:
+                raise ValueError(f"runs: {spec!r}: {err}") from None
+        for name in ("stage1_iterations", "stage2_iterations", "eval_tasks", "pass_tasks",
+                     "pass_samples"):  # fmt: skip
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds: give one or more distinct seeds, got {self.seeds}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        cores = os.cpu_count() or 1
+        if self.workers is not None and not 1 <= self.workers <= 2 * cores:
+            raise ValueError(f"workers must be from 1 to {2 * cores}, got {self.workers}")
+
+
+def _default_runs() -> tuple[str, ...]:
+    from entrogym.demo.sequential import RUNS
+
+    return RUNS
+
+
+def check_task(role: str, env: str, kwargs: dict[str, Any]) -> None:
+    """The env makes, and has a ``test`` split to hold out (ValueError naming the option)."""
+    from entrogym.envs.base import make_text_env, task_ids_of
+
+    try:
+        made = make_text_env(env, **kwargs)
+    except Exception as exc:  # an unknown id or a keyword the env refuses
+        raise ValueError(f"task_{role}: cannot make {env!r} with {kwargs}: {exc}") from None
+    try:
+        splits = tuple(getattr(made.unwrapped, "splits", ()))
+        if "test" not in splits:
+            raise ValueError(f"task_{role}: {env!r} has no held-out 'test' split (its splits: "
+                             f"{list(splits)}); choose a task with one")  # fmt: skip
+        if not task_ids_of(made, "test"):
+            raise ValueError(f"task_{role}: {env!r} has no tasks in its 'test' split")
+    finally:
+        made.close()
+
+
+def build_parser() -> Any:
+    from entrogym.demo import sequential
+
+    return make_parser(PROG, (sequential.__doc__ or "").split("\n")[0], SequentialOptions)
+
+
+def cli(argv: list[str]) -> int:
+    def body() -> int:
+        from entrogym.demo.sequential import PAIRS, Plan, Task, TaskPair, run_sequential
+
+        opts = parse_options(build_parser(), argv, SequentialOptions)
+        pair = PAIRS[opts.pair]
+        a = Task(opts.task_a, opts.task_a_kwargs) if opts.task_a else pair.a
+        b = Task(opts.task_b, opts.task_b_kwargs) if opts.task_b else pair.b
+        for role, task in (("a", a), ("b", b)):  # before any model loads
+            check_task(role, task.env, task.env_kwargs)
+        name = opts.pair if (a, b) == (pair.a, pair.b) else "custom"
+        why = pair.why if name == opts.pair else "given on the command line"
+        cores = os.cpu_count() or 1
+        plan = Plan(Path(opts.out), name, TaskPair(a, b, why), runs=opts.runs, seeds=opts.seeds,
+                    stage1_iterations=opts.stage1_iterations,
+                    stage2_iterations=opts.stage2_iterations, stage2_algo=opts.stage2_algo,
+                    lr=opts.lr, eval_tasks=opts.eval_tasks, pass_tasks=opts.pass_tasks,
+                    pass_samples=opts.pass_samples, workers=opts.workers or 2 * cores,
+                    threads=1, model=opts.model,
+                    **({"engine": opts.engine} if opts.engine else {}))  # fmt: skip
+        run_sequential(plan)
+        return 0
+
+    return run_command(PROG, body, interrupted="interrupted; rerun with a new --out")

@@ -1,0 +1,286 @@
+"""The sequential experiment (``entrogym sequential``, ``make sequential``): does a policy that
+kept its entropy on a first task learn a second task better than one that collapsed?
+
+Stage 1 trains each run (GRPO, the paper's REPO-R, the held configuration) on task A with the
+demo's settings. Each final adapter, and the base model, is scored on A's held-out tasks with
+many samples (pass@k). Stage 2 continues every stage-1 adapter on task B with one and the same
+algorithm (``--init-adapter``), so that only the starting policy differs, and records B's
+reward per iteration and B's held-out accuracy after its first and last update.
+
+This is the paper's sequential experiment (AIME, then AppWorld; Sec. 6) at a 135M model's
+scale. The task pairs are in :data:`PAIRS`; docs/sequential.md says how they were chosen.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from entrogym.atomic import atomic_write_text
+from entrogym.demo.config import AGENT, DEFAULT_LR, DEFAULT_RUNS, demo_config, parse_run
+from entrogym.demo.run import run_jobs, train_one
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task of a pair: a registered env and its kwargs (its ``test`` split is held out)."""
+
+    env: str
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TaskPair:
+    """Task A (stage 1) and task B (stage 2), with why they were paired."""
+
+    a: Task
+    b: Task
+    why: str
+
+
+ARITHMETIC = "entrogym/Arithmetic-v0"
+PAIRS: dict[str, TaskPair] = {
+    "add1-add2": TaskPair(
+        a=Task(ARITHMETIC, {"max_digits": 1, "num_train": 100, "num_test": 40}),
+        b=Task(ARITHMETIC, {"max_digits": 2, "num_train": 200, "num_test": 40}),
+        why="one-digit + and - (the demo's task), then operands of one or two digits",
+    ),
+}
+DEFAULT_PAIR = "add1-add2"
+STAGE1_ITERATIONS, STAGE2_ITERATIONS = 15, 10
+# Stage 2's one algorithm: plain GRPO, so that only the starting policy differs.
+STAGE2_ALGO = "grpo"
+# Stage 1's runs: GRPO, the paper's REPO-R preset, and the held configuration (the demo's).
+RUNS = ("grpo", "repo-r", f"held={DEFAULT_RUNS[-1]}")
+# pass@k on A: the first PASS_TASKS held-out tasks, PASS_SAMPLES samples each.
+PASS_TASKS, PASS_SAMPLES = 16, 64
+
+
+def run_label(spec: str) -> str:
+    """A run's short label: ``NAME`` of ``NAME=SPEC``, else the spec's own label (``grpo``)."""
+    return split_run(spec)[0]
+
+
+def split_run(spec: str) -> tuple[str, str]:
+    """``"held=grpo --algo.lever ..."`` -> ``("held", "grpo --algo.lever ...")``; a spec without
+    a ``NAME=`` prefix is labelled as the demo labels it."""
+    head, sep, rest = spec.partition("=")
+    if sep and head.strip().replace("-", "_").isidentifier() and " " not in head.strip():
+        return head.strip(), rest.strip()
+    return parse_run(spec)[0], spec
+
+
+def parsed_run(spec: str) -> tuple[str, str, dict[str, Any]]:
+    """(label, folder name, algo mapping) of a run spec, ``NAME=SPEC`` or a plain spec."""
+    label, body = split_run(spec)
+    _, folder, algo = parse_run(body)
+    return label, (label if label != parse_run(body)[0] else folder), algo
+
+
+def stage_area(reward: list[float]) -> float:
+    """The area under a stage-2 reward curve, per iteration: the trapezoid rule over iterations
+    0..n-1 divided by n - 1 (the mean height; a single iteration is its own reward)."""
+    if len(reward) == 1:
+        return float(reward[0])
+    inner = sum(reward[1:-1]) + (reward[0] + reward[-1]) / 2
+    return inner / (len(reward) - 1)
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    """Train one run of one stage (``config`` is a TrainConfig)."""
+
+    label: str
+    seed: int
+    stage: int
+    config: Any
+
+
+@dataclass(frozen=True)
+class PassJob:
+    """pass@k of ``adapter`` (None: the base model) on task A's first held-out tasks."""
+
+    label: str
+    seed: int
+    task: Task
+    adapter: str | None
+    tasks: int
+    samples: int
+    threads: int
+    engine: str
+    model: str | None = None
+
+
+def run_sequential_job(job: TrainJob | PassJob) -> dict[str, Any]:
+    """Body of one pool process."""
+    if isinstance(job, PassJob):
+        return {"label": job.label, "seed": job.seed, "pass_at_k": pass_at_k_of(job)}
+    return {"label": job.label, "seed": job.seed, "stage": job.stage, **train_one(job.config)}
+
+
+def pass_at_k_of(job: PassJob) -> dict[str, float]:
+    """Unbiased pass@k (k = 1, 4, 16, 64 up to the samples, and the samples) of the job's
+    policy and its mean number of distinct correct answers per task (``distinct``), sampled as
+    the trainer's eval rows sample (temperature 1, seeded with the job's seed)."""
+    from entrogym.agents.agent import LLMAgent
+    from entrogym.agents.config import AgentConfig
+    from entrogym.agents.engines import make_engine
+    from entrogym.train.eval_scores import pass_at_ks
+    from entrogym.train.evaluation import evaluate_policy
+    from entrogym.train.precision import apply_threads
+
+    apply_threads(job.threads)
+    cfg = AgentConfig(**(asdict(AGENT) | {"engine": job.engine}
+                         | ({"model": job.model} if job.model else {})))  # fmt: skip
+    engine = make_engine(cfg.engine, cfg.model, **cfg.engine_kwargs(seed=job.seed))
+    try:
+        agent = LLMAgent.from_model(cfg.model, **cfg.agent_kwargs())
+        result = evaluate_policy(engine, agent, job.task.env, split="test", samples=job.samples,
+                                 max_tasks=job.tasks, adapter=job.adapter, temperature=1.0,
+                                 seed=job.seed, env_kwargs=job.task.env_kwargs)  # fmt: skip
+    finally:
+        engine.close()
+    summary = result.summary
+    scores = {str(k): summary[f"pass@{k}"] for k in pass_at_ks(job.samples)}
+    return {**scores, "distinct": summary.get("distinct_correct_mean")}
+
+
+def final_adapter(folder: Path) -> str:
+    """The adapter of a finished run's last checkpoint."""
+    checkpoints = sorted((folder / "checkpoints").glob("iter-*[0-9]"))
+    if not checkpoints:
+        raise RuntimeError(f"{folder} has no checkpoint; stage 2 needs its final adapter")
+    return str(checkpoints[-1] / "adapter")
+
+
+@dataclass
+class Plan:
+    """Everything one ``entrogym sequential`` run does (settled before any model loads)."""
+
+    out: Path
+    pair_name: str
+    pair: TaskPair
+    runs: list[str] = field(default_factory=lambda: list(RUNS))  # the last is the held run
+    seeds: list[int] = field(default_factory=lambda: [0])
+    stage1_iterations: int = STAGE1_ITERATIONS
+    stage2_iterations: int = STAGE2_ITERATIONS
+    stage2_algo: str = STAGE2_ALGO
+    lr: float = DEFAULT_LR
+    eval_tasks: int = 40
+    pass_tasks: int = PASS_TASKS
+    pass_samples: int = PASS_SAMPLES
+    workers: int = 4
+    threads: int = 1
+    engine: str = AGENT.engine
+    model: str | None = None  # None: the demo's model (tests use a tiny one)
+
+    def stage1_jobs(self) -> list[TrainJob]:
+        pair = self.pair
+        jobs = []
+        for seed in self.seeds:
+            for label, folder, algo in map(parsed_run, self.runs):
+                config = demo_config(algo, self.out / "stage1" / f"seed{seed}",
+                                     self.stage1_iterations, self.lr, self.eval_tasks, seed=seed,
+                                     engine=self.engine, name=folder, threads=self.threads,
+                                     model=self.model, env=pair.a.env,
+                                     env_kwargs=pair.a.env_kwargs)  # fmt: skip
+                jobs.append(TrainJob(label, seed, 1, config))
+        return jobs
+
+    def pass_job(self, label: str, seed: int, adapter: str | None) -> PassJob:
+        return PassJob(label, seed, self.pair.a, adapter, self.pass_tasks,
+                       self.pass_samples, self.threads, self.engine, self.model)  # fmt: skip
+
+    def stage2_job(self, stage1: dict[str, Any]) -> TrainJob:
+        pair, seed = self.pair, stage1["seed"]
+        _, algo_folder, algo = parse_run(self.stage2_algo)
+        folder = Path(stage1["folder"])
+        config = demo_config(algo, self.out / "stage2" / f"seed{seed}", self.stage2_iterations,
+                             self.lr, self.eval_tasks, seed=seed, engine=self.engine,
+                             name=f"{folder.name}-then-{algo_folder}", threads=self.threads,
+                             model=self.model, env=pair.b.env, env_kwargs=pair.b.env_kwargs,
+                             init_adapter=final_adapter(folder))  # fmt: skip
+        return TrainJob(stage1["label"], seed, 2, config)
+
+
+def run_sequential(plan: Plan) -> dict[str, Any]:
+    """Stage 1, then stage 2 beside the pass@k evaluations; writes ``summary.json`` and the
+    plots under ``plan.out`` and prints the report. A non-empty ``out`` is refused."""
+    if plan.out.exists() and any(plan.out.iterdir()):
+        raise ValueError(f"{plan.out} is not empty; remove it or pass --out NEW_DIR")
+    from entrogym.models import resolve_model
+
+    start = time.perf_counter()
+    resolve_model(plan.model or AGENT.model)  # dequantise the GGUF once, before the workers
+    print(f"stage 1: {len(plan.runs)} run(s) x {len(plan.seeds)} seed(s) on task A "
+          f"({plan.stage1_iterations} iterations)", flush=True)  # fmt: skip
+    stage1 = run_jobs(plan.stage1_jobs(), plan.workers, body=run_sequential_job)
+    second: list[TrainJob | PassJob] = [plan.stage2_job(r) for r in stage1]
+    second += [plan.pass_job(r["label"], r["seed"], final_adapter(Path(r["folder"])))
+               for r in stage1]  # fmt: skip
+    second.append(plan.pass_job("base model", plan.seeds[0], None))
+    print(f"stage 2: {len(stage1)} run(s) on task B ({plan.stage2_iterations} iterations), "
+          f"and pass@k of {len(stage1) + 1} policies on A", flush=True)  # fmt: skip
+    results = run_jobs(second, plan.workers, body=run_sequential_job)
+    summary = summarize(plan, stage1, results, time.perf_counter() - start)
+    plan.out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(plan.out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    from entrogym.demo.sequential_report import plot_sequential, report
+
+    for path in plot_sequential(summary, plan.out / "plots"):
+        print(path)
+    print(report(summary))
+    return summary
+
+
+def summarize(
+    plan: Plan, stage1: list[dict[str, Any]], results: list[dict[str, Any]], wall_s: float
+) -> dict[str, Any]:
+    """``summary.json``: per run and seed, its stage-1 entropy, target, largest excursion,
+    accuracy and pass@k on A, and its stage-2 reward curve, accuracy and area on B."""
+    from entrogym.demo.report import tracking
+    from entrogym.train.tracking import filled_targets
+
+    stage2 = {(r["label"], r["seed"]): r for r in results if r.get("stage") == 2}
+    passes = {(r["label"], r["seed"]): r["pass_at_k"] for r in results if "pass_at_k" in r}
+    runs = []
+    for one in stage1:
+        key, two = (one["label"], one["seed"]), stage2[(one["label"], one["seed"])]
+        target = filled_targets(one["entropy_target"], one["entropy"])
+        runs.append({
+            "label": one["label"],
+            "seed": one["seed"],
+            "stage1": {
+                "entropy": one["entropy"],
+                "entropy_target": target,
+                "controlled": one["controlled"],
+                "max_excursion": tracking(one)["max_excursion"],
+                "reward": one["reward"],
+                "accuracy": one["accuracy_after"],
+                "pass_at_k": passes[key],
+                "folder": one["folder"],
+            },
+            "stage2": {
+                "reward": two["reward"],
+                "entropy": two["entropy"],
+                "accuracy_first": two["accuracy_first"],
+                "accuracy": two["accuracy_after"],
+                "area": stage_area(two["reward"]),
+                "folder": two["folder"],
+            },
+            "wall_s": one["wall_s"] + two["wall_s"],
+        })  # fmt: skip
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(plan).items()
+                if k not in ("pair", "pair_name")}  # fmt: skip
+    pair = plan.pair
+    return {
+        "held": run_label(plan.runs[-1]),
+        "pair": {"name": plan.pair_name, "a": asdict(pair.a), "b": asdict(pair.b), "why": pair.why},
+        "settings": settings,
+        "base": {"pass_at_k": passes.get(("base model", plan.seeds[0]))},
+        "runs": runs,
+        "wall_s": wall_s,
+    }

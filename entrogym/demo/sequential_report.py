@@ -1,0 +1,135 @@
+"""What the sequential experiment shows: its goals per seed, a table of at most 100 columns, and
+two plots (stage-1 entropy with the held run's band; stage-2 reward curves)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from entrogym.demo.config import BAND
+
+# The issue's goals: the held start's stage-2 accuracy on B beats GRPO's start by this much as a
+# mean over seeds (and on every seed), and its pass@16 on A by PASS_MARGIN on every seed.
+STAGE2_MARGIN, PASS_MARGIN = 0.10, 0.05
+
+
+def goals(summary: dict[str, Any]) -> dict[str, Any]:
+    """The held run against GRPO, per seed: stage-2 accuracy on B, pass@16 on A, and the
+    largest excursion of its entropy from its target (from the 3rd iteration on)."""
+    held = summary["held"]
+    by = {(r["label"], r["seed"]): r for r in summary["runs"]}
+    seeds = sorted({r["seed"] for r in summary["runs"]})
+    checks = []
+    for seed in seeds:
+        h, g = by.get((held, seed)), by.get(("grpo", seed))
+        if h is None or g is None:
+            continue
+        ph, pg = h["stage1"]["pass_at_k"].get("16"), g["stage1"]["pass_at_k"].get("16")
+        checks.append({
+            "seed": seed,
+            "stage2_gain": _diff(h["stage2"]["accuracy"], g["stage2"]["accuracy"]),
+            "pass16_gain": _diff(ph, pg),
+            "max_excursion": h["stage1"]["max_excursion"],
+        })  # fmt: skip
+    gains = [c["stage2_gain"] for c in checks if c["stage2_gain"] is not None]
+    mean_gain = sum(gains) / len(gains) if gains else None
+    return {
+        "checks": checks,
+        "stage2": bool(gains) and len(gains) == len(checks) and mean_gain >= STAGE2_MARGIN
+        and all(g > 0 for g in gains),
+        "stage2_mean_gain": mean_gain,
+        "pass16": bool(checks) and all(
+            c["pass16_gain"] is not None and c["pass16_gain"] >= PASS_MARGIN for c in checks
+        ),
+        "tracking": bool(checks) and all(c["max_excursion"] <= BAND for c in checks),
+    }  # fmt: skip
+
+
+def _diff(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
+
+
+def _f(value: float | None, digits: int = 2) -> str:
+    return "  -" if value is None else f"{value:.{digits}f}"
+
+
+def report(summary: dict[str, Any]) -> str:
+    """The printed outcome: per run and seed, stage 1 on A and stage 2 on B, then the goals."""
+    pair = summary["pair"]
+    ks = sorted({int(k) for r in summary["runs"] for k in r["stage1"]["pass_at_k"] if k.isdigit()})
+    lines = [
+        f"sequential: {pair['name']} ({pair['why']})",
+        "A then B; stage 2 trains every stage-1 adapter with one algorithm",
+        "",
+        f"{'run':<10} {'seed':>4}  {'H first->last':>13} {'exc':>5}  "
+        + " ".join(f"{'p@' + str(k):>5}" for k in ks)
+        + f"  {'B acc 1st->last':>15} {'B area':>6}",
+    ]
+    base = summary["base"]["pass_at_k"] or {}
+    lines.append(f"{'base':<10} {'':>4}  {'':>13} {'':>5}  "
+                 + " ".join(f"{_f(base.get(str(k))):>5}" for k in ks))  # fmt: skip
+    for run in summary["runs"]:
+        one, two = run["stage1"], run["stage2"]
+        entropy = f"{one['entropy'][0]:.2f}->{one['entropy'][-1]:.2f}"
+        b_acc = f"{_f(two['accuracy_first'])}->{_f(two['accuracy'])}"
+        lines.append(
+            f"{run['label'][:10]:<10} {run['seed']:>4}  {entropy:>13} "
+            f"{_f(one['max_excursion']):>5}  "
+            + " ".join(f"{_f(one['pass_at_k'].get(str(k))):>5}" for k in ks)
+            + f"  {b_acc:>15} {_f(two['area']):>6}"
+        )
+    result = goals(summary)
+    held = summary["held"]
+    mean = result["stage2_mean_gain"]
+    lines += [
+        "",
+        f"goals ({held} against grpo, every seed):",
+        f"  stage 2: accuracy on B >= grpo's + {STAGE2_MARGIN:.2f} (mean), higher on every seed: "
+        f"{'met' if result['stage2'] else 'NOT met'} (mean gain {_f(mean)})",
+        f"  pass@16 on A >= grpo's + {PASS_MARGIN:.2f}: {'met' if result['pass16'] else 'NOT met'}",
+        f"  entropy within +-{BAND:.0%} of its target from the 3rd iteration on: "
+        f"{'met' if result['tracking'] else 'NOT met'}",
+        f"wall time {summary['wall_s']:.0f} s",
+    ]
+    return "\n".join(lines)
+
+
+def plot_sequential(summary: dict[str, Any], out: Path) -> list[Path]:
+    """``stage1_entropy.png`` (each run's entropy on A, the held run's target band once per
+    seed) and ``stage2_reward.png`` (each run's reward on B per iteration)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    labels = list(dict.fromkeys(r["label"] for r in summary["runs"]))
+    colors = {label: f"C{i}" for i, label in enumerate(labels)}
+    written = []
+    for name, stage, key, ylabel in (
+        ("stage1_entropy.png", "stage1", "entropy", "entropy on A (nats / token)"),
+        ("stage2_reward.png", "stage2", "reward", "reward on B"),
+    ):
+        fig, ax = plt.subplots(figsize=(7, 4))
+        try:
+            seen: set[str] = set()
+            for run in summary["runs"]:
+                values = run[stage][key]
+                label = None if run["label"] in seen else run["label"]
+                seen.add(run["label"])
+                ax.plot(range(len(values)), values, color=colors[run["label"]], label=label,
+                        alpha=0.85, linewidth=1.2)  # fmt: skip
+                if stage == "stage1" and run["label"] == summary["held"]:
+                    target = run["stage1"]["entropy_target"]
+                    its = range(len(target))
+                    ax.fill_between(its, [t * (1 - BAND) for t in target],
+                                    [t * (1 + BAND) for t in target], color="0.5", alpha=0.12,
+                                    linewidth=0)  # fmt: skip
+            ax.set_xlabel("iteration")
+            ax.set_ylabel(ylabel)
+            ax.legend(fontsize="small")
+            fig.savefig(out / name, dpi=120, bbox_inches="tight")
+        finally:
+            plt.close(fig)
+        written.append(out / name)
+    return written

@@ -1,0 +1,96 @@
+"""``entrogym sequential`` through the command a user types, on tiny-random-llama: stage 1 on A,
+stage 2 on B from each stage-1 adapter, pass@k, summary.json and plots; bad input is one line,
+exit 2, before any model loads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from entrogym.cli import main
+from entrogym.demo.sequential import split_run, stage_area
+from entrogym.demo.sequential_report import goals
+
+TINY = ["--model", "tiny-random-llama", "--stage1-iterations", "2", "--stage2-iterations", "2",
+        "--eval-tasks", "2", "--pass-tasks", "2", "--pass-samples", "4", "--workers", "1"]  # fmt: skip
+
+
+def test_sequential_runs_both_stages_and_writes_the_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "seq"
+    runs = ["grpo", "held=grpo --algo.lever entropy-bonus --algo.controller paper"]
+    assert main(["sequential", *TINY, "--out", str(out), "--runs", *runs]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["held"] == "held"
+    assert [r["label"] for r in summary["runs"]] == ["grpo", "held"]
+    for run in summary["runs"]:
+        one, two = run["stage1"], run["stage2"]
+        assert len(one["entropy"]) == len(one["entropy_target"]) == 2
+        assert set(one["pass_at_k"]) == {"1", "4", "distinct"}
+        assert 0.0 <= one["pass_at_k"]["1"] <= one["pass_at_k"]["4"] <= 1.0
+        assert len(two["reward"]) == 2 and two["area"] == pytest.approx(stage_area(two["reward"]))
+        assert two["accuracy"] is not None and one["max_excursion"] >= 0
+        # stage 2 started from stage 1's final adapter, on task B, as its own run
+        config = (Path(two["folder"]) / "config.yaml").read_text()
+        assert "init_adapter" in config and Path(one["folder"]).name in config
+        assert "max_digits: 2" in config
+    assert set(summary["base"]["pass_at_k"]) == {"1", "4", "distinct"}
+    assert (out / "plots" / "stage1_entropy.png").stat().st_size > 0
+    assert (out / "plots" / "stage2_reward.png").stat().st_size > 0
+    printed = capsys.readouterr().out
+    assert "goals (held against grpo" in printed
+    assert max(len(line) for line in printed.splitlines() if "p@" in line) <= 100
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--task-b", "tests.vowel_env:test/Vowel-v0"], "no held-out 'test' split"),
+        (["--task-b", "entrogym/NoSuch-v0"], "task_b: cannot make"),
+        (["--pair", "nope"], "unknown pair"),
+        (["--pass-samples", "0"], "pass_samples must be >= 1"),
+        (["--runs", "grpo --algo.lever nope"], "runs:"),
+    ],
+)
+def test_bad_input_is_one_line_before_any_model_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch, argv, message
+) -> None:
+    import entrogym.demo.sequential as sequential
+
+    def no_run(plan):  # reaching the run means the input was accepted
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr(sequential, "run_sequential", no_run)
+    assert main(["sequential", *TINY, "--out", str(tmp_path / "x"), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "x").exists()
+
+
+def test_labels_and_area() -> None:
+    assert split_run("held=grpo --algo.lever entropy-bonus") == (
+        "held",
+        "grpo --algo.lever entropy-bonus",
+    )
+    assert split_run("grpo") == ("grpo", "grpo")
+    assert stage_area([0.0, 1.0]) == 0.5
+    assert stage_area([0.2, 0.4, 0.6]) == pytest.approx(0.4)
+    assert stage_area([0.3]) == 0.3
+
+
+def test_goals_compare_the_held_run_with_grpo_on_every_seed() -> None:
+    def run(label, seed, b_acc, p16, exc):
+        return {"label": label, "seed": seed,
+                "stage1": {"pass_at_k": {"16": p16}, "max_excursion": exc},
+                "stage2": {"accuracy": b_acc}}  # fmt: skip
+
+    runs = [run("grpo", 0, 0.1, 0.90, 0.9), run("held", 0, 0.35, 0.97, 0.2),
+            run("grpo", 1, 0.2, 0.90, 0.9), run("held", 1, 0.25, 0.93, 0.3)]  # fmt: skip
+    result = goals({"held": "held", "runs": runs})
+    assert result["stage2_mean_gain"] == pytest.approx(0.15)
+    assert result["stage2"] is True  # mean 0.15 >= 0.10 and higher on both seeds
+    assert result["pass16"] is False  # seed 1 gains only 0.03
+    assert result["tracking"] is False  # seed 1 left the band by 0.30
