@@ -195,11 +195,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def check_args(args: argparse.Namespace) -> str | None:
     """What is wrong with ``args`` (one line), or None; nothing loads a model."""
-    from entrogym.demo.config import parse_run
+    from entrogym.demo.config import parsed_run
 
     for spec in args.runs:
         try:
-            parse_run(spec)
+            parsed_run(spec)
         except ValueError as err:
             return f"--runs {spec!r}: {err}"
     try:
