@@ -20,7 +20,7 @@ demo's eval rows), so both sides are measured by one grader. ``tracking_error`` 
 ``max_excursion`` of every row come from the demo's ``tracking`` and the verdict from its
 ``goal``.
 
-What "entropy" means on each side (docs/demo.md, "TRL's adaptive entropy, side by side"):
+What "entropy" means on each side (docs/demo.md, "Comparing with TRL's adaptive entropy"):
 
 - entrogym's ``entropy`` (``entrogym.algos.update.policy_update``): the sampled estimate
   mean_t -log pi(a_t|s_t) over every completion token of the iteration's batch, from the

@@ -2,7 +2,7 @@
 
 Each job is its own process with its own ``hf`` engine and ``cores // workers`` torch threads:
 on this project's 2-core machine two 1-thread runs side by side did 1.33x the iterations per
-minute of one 2-thread run (docs/performance.md, "Quiet machine").
+minute of one 2-thread run (docs/results.md, "2026-11-23 04:24").
 """
 
 from __future__ import annotations
