@@ -1,4 +1,4 @@
-"""The LLM demo's sweep (docs/demo.md): one training run per cell, ``--jobs`` at a time.
+"""The LLM demo's sweep (its runs: docs/results.md): one training run per cell, ``--jobs`` at a time.
 
 Each cell is the demo's TrainConfig (``entrogym.demo.demo_config``: SmolLM2-135M-Instruct,
 one-digit arithmetic, 6 tasks x 4 samples, 48 response tokens) with its own preset, knobs,
@@ -28,7 +28,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-# The goal's excursion counts from the 3rd iteration on (docs/demo.md).
+# The goal's excursion counts from the 3rd iteration on (docs/demo.md, "The goal it checks").
 FIRST_TRACKED = 2
 COEFFICIENTS = ("zeta", "beta", "eps_high", "kl_coef", "clip_cov_ratio")
 
@@ -122,7 +122,7 @@ def label_of(cell: dict[str, Any]) -> str:
 
 
 def table(log: Path) -> str:
-    """The sweep as a markdown table (docs/demo.md), one row per finished run, in run order."""
+    """The sweep as a markdown table (docs/results.md), one row per finished run, in run order."""
     lines = ["| run | lr | iters | seed | entropy first -> last (min, max) | tracking error | "
              "max excursion (3rd iter on) | coefficient first -> last | reward first -> last | "
              "held-out accuracy after iter 1 -> last | wall s |",
@@ -142,7 +142,7 @@ def table(log: Path) -> str:
 
 
 def traces(log: Path) -> str:
-    """Per-iteration entropy / target and the coefficient of every run (docs/demo.md)."""
+    """Per-iteration entropy / target and the coefficient of every run (docs/results.md)."""
     out = []
     for line in log.open():
         r = json.loads(line)

@@ -20,7 +20,7 @@ demo's eval rows), so both sides are measured by one grader. ``tracking_error`` 
 ``max_excursion`` of every row come from the demo's ``tracking`` and the verdict from its
 ``goal``.
 
-What "entropy" means on each side (docs/demo.md, "TRL's adaptive entropy, side by side"):
+What "entropy" means on each side (docs/demo.md, "Comparing with TRL's adaptive entropy"):
 
 - entrogym's ``entropy`` (``entrogym.algos.update.policy_update``): the sampled estimate
   mean_t -log pi(a_t|s_t) over every completion token of the iteration's batch, from the
@@ -195,11 +195,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def check_args(args: argparse.Namespace) -> str | None:
     """What is wrong with ``args`` (one line), or None; nothing loads a model."""
-    from entrogym.demo.config import parse_run
+    from entrogym.demo.config import parsed_run
 
     for spec in args.runs:
         try:
-            parse_run(spec)
+            parsed_run(spec)
         except ValueError as err:
             return f"--runs {spec!r}: {err}"
     try:

@@ -20,8 +20,10 @@ class DemoOptions:
     Args:
         out: output folder (must be empty or new).
         algos: runs to compare, as words or comma-separated: a preset (the paper's values) or
-            a labelled variant, the preset followed by its algorithm options, e.g.
-            ``"repo-d --algo.controller pi --algo.controller.kp 0.3"``.
+            a variant, the preset followed by its algorithm options, e.g.
+            ``"repo-d --algo.controller pi --algo.controller.kp 0.3"``; ``NAME=`` in front
+            (``"pi=repo-d --algo.controller pi"``) gives a run the short label the table,
+            the log and the plots show. Labels must be distinct.
         iterations: RL iterations per run.
         lr: AdamW learning rate of the LoRA.
         eval_tasks: held-out tasks per evaluation (0: no held-out evaluation).
@@ -45,17 +47,22 @@ class DemoOptions:
     def __post_init__(self) -> None:
         from entrogym.agents.engines import ENGINE_KINDS
         from entrogym.algos.presets import ALGORITHMS
-        from entrogym.demo.config import parse_run
+        from entrogym.demo.config import parsed_run
 
         # words or comma-separated: --algos grpo,"repo-d --algo.controller pi"
         self.algos = [a.strip() for word in self.algos for a in word.split(",") if a.strip()]
         if not self.algos:
             raise ValueError(f"algos: empty list; choose from {', '.join(ALGORITHMS)}")
+        labels: dict[str, str] = {}
         for spec in self.algos:
             try:
-                parse_run(spec)
+                label = parsed_run(spec)[0]
             except ValueError as err:
                 raise ValueError(f"algos: {spec!r}: {err}") from None
+            if label in labels:
+                raise ValueError(f"algos: {labels[label]!r} and {spec!r} are both labelled "
+                                 f"{label!r}; give one of them another NAME=")  # fmt: skip
+            labels[label] = spec
         if self.iterations < 1:
             raise ValueError(f"iterations must be >= 1, got {self.iterations}")
         if self.eval_tasks < 0:

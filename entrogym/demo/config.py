@@ -25,23 +25,24 @@ SYSTEM_PROMPT = "You are a careful calculator. Answer with the final number in \
 # iteration from the (FIRST_TRACKED + 1)-th on, while GRPO ends at <= FALL of its first
 # iteration's entropy and the run's held-out accuracy is at most ACCURACY_SLACK below GRPO's.
 BAND, FALL, ACCURACY_SLACK, FIRST_TRACKED = 0.25, 0.5, 0.05, 2
-# The runs, iterations, learning rate and seeds of ``make demo`` (the sweep in docs/demo.md).
+# The runs, iterations, learning rate and seeds of ``make demo`` (the sweeps behind them are in
+# docs/results.md). A run is ``NAME=SPEC`` or a plain spec (labelled by ``parse_run``).
 DEFAULT_RUNS = (
     "grpo",
     "repo-r",  # the paper's preset: zeta from 1e-3, doubling, capped at 0.05
-    # the LLM sweeps' best (docs/demo.md, sixth sweep): the constraint H = H* by the method of
-    # multipliers, two-sided, against a target measured on four more batches of the initial
+    # the LLM sweeps' best (docs/results.md, sixth sweep): the constraint H = H* by the method
+    # of multipliers, two-sided, against a target measured on four more batches of the initial
     # policy before the first update (one batch of 16 is as noisy as the goal's band)
-    "grpo --algo.lever entropy-constraint --algo.lever.penalty 1 --algo.controller.min 0 "
+    "held=grpo --algo.lever entropy-constraint --algo.lever.penalty 1 --algo.controller.min 0 "
     "--algo.controller.init 0 --algo.controller.target_probe 4",
 )
 DEFAULT_ITERATIONS = 15
 # At 5e-4 the entropy of every run fell from 1.2 to 0.3 of its start within one iteration, faster
-# than any controller answered; at 2.5e-4 the fall spans iterations 3-6 (docs/demo.md).
+# than any controller answered; at 2.5e-4 the fall spans iterations 3-6 (docs/results.md).
 DEFAULT_LR = 2.5e-4
 DEFAULT_SEEDS = (0,)  # three runs of one seed fit 15 minutes on 2 cores
 # Tasks x samples per iteration; half of them per minibatch (two optimizer steps). Four tasks
-# (the sweeps in docs/demo.md ran six) keep three runs of 15 iterations within 15 minutes on
+# (the early sweeps in docs/results.md ran six) keep three runs of 15 iterations within 15 minutes on
 # 2 cores.
 TASKS, SAMPLES = 4, 4
 # The rollout settings every part of the demo shares (the base model's eval and all runs).
@@ -125,3 +126,22 @@ def parse_run(spec: str) -> tuple[str, str, dict[str, Any]]:
     name = label(spec_map)
     folder = "".join(c if c.isalnum() or c in "-_." else "_" for c in name.replace("--algo.", ""))
     return name, "_".join(part for part in folder.split("_") if part), spec_map
+
+
+def split_run(spec: str) -> tuple[str, str]:
+    """``"held=grpo --algo.lever ..."`` -> ``("held", "grpo --algo.lever ...")``: a ``NAME=``
+    prefix (an identifier-like word, hyphens allowed, no spaces) labels the run; a spec without
+    one is labelled as ``parse_run`` labels it (ValueError where it does not parse)."""
+    head, sep, rest = spec.partition("=")
+    name = head.strip()
+    if sep and " " not in name and name.replace("-", "_").isidentifier():
+        return name, rest.strip()
+    return parse_run(spec)[0], spec
+
+
+def parsed_run(spec: str) -> tuple[str, str, dict[str, Any]]:
+    """(label, folder name, algo mapping) of ``NAME=SPEC`` or a plain spec; a named run's folder
+    is its name."""
+    label, body = split_run(spec)
+    own_label, folder, algo = parse_run(body)
+    return label, (folder if label == own_label else label), algo

@@ -9,23 +9,37 @@ from typing import Any
 from entrogym.demo.config import ACCURACY_SLACK, BAND, FALL, FIRST_TRACKED
 from entrogym.train.tracking import filled_targets, max_excursion, tracking_error
 
+# The report's width, and the longest label the table's run column shows (a longer one is
+# shown as run#N, with its full label under the table).
+WIDTH, LABEL_WIDTH = 100, 14
 
-def plot_demo(
-    folders: dict[str, Path], out: Path, targets: dict[str, list[float]] | None = None
-) -> list[Path]:
-    """The paper's Figure 1 panels, one line per labelled run and seed; the entropy panel also
-    draws each controlled run's target (dashed) and the goal's +-BAND around it."""
+
+def shown_names(records: list[dict[str, Any]]) -> dict[str, str]:
+    """Each run label's name in the table, the log and the plots: the label itself, or ``run#N``
+    (N: its place among the runs; no label has a ``#``) where it is longer than LABEL_WIDTH."""
+    labels = list(dict.fromkeys(r["label"] for r in records))
+    return {label: label if len(label) <= LABEL_WIDTH else f"run#{i}"
+            for i, label in enumerate(labels, start=1)}  # fmt: skip
+
+
+def plot_demo(records: list[dict[str, Any]], out: Path) -> list[Path]:
+    """The paper's Figure 1 panels, one line per run and seed under its short name (with the
+    seed where there are several); the entropy panel also draws each distinct target of the
+    controlled runs once (dashed) with the goal's +-BAND around it."""
     from matplotlib import pyplot as plt
 
     from entrogym.train.plots import accuracy_vs_entropy_figure, entropy_figure, load_run
 
-    runs = []
-    for label, folder in folders.items():
-        run = load_run(folder)
-        # the plots group by this name (a variant must not merge with its preset); a long
-        # label is wrapped so that the legend does not stretch the figure past its axes
-        run.algo = textwrap.fill(label, 70, subsequent_indent="  ")
+    names = shown_names(records)
+    several_seeds = len({r["seed"] for r in records}) > 1
+    runs, targets = [], {}
+    for r in records:
+        name = names[r["label"]] + (f" s{r['seed']}" if several_seeds else "")
+        run = load_run(Path(r["folder"]))
+        run.algo = name  # the plots group by this name: a variant must not merge with its preset
         runs.append(run)
+        if r.get("controlled") and all(t is not None for t in r.get("entropy_target") or [None]):
+            targets[name] = r["entropy_target"]
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, make in (("entropy.png", entropy_figure),
@@ -33,8 +47,7 @@ def plot_demo(
         fig = make(runs)
         try:
             if name == "entropy.png":
-                _draw_bands(fig.axes[0], targets or {})
-            # long run labels: the legend goes under the axes, and the figure grows to hold it
+                draw_bands(fig.axes[0], targets)
             fig.savefig(out / name, dpi=120, bbox_inches="tight")
         finally:
             plt.close(fig)
@@ -42,22 +55,25 @@ def plot_demo(
     return written
 
 
-def _draw_bands(ax: Any, targets: dict[str, list[float]]) -> None:
-    """One dashed target line and a +-BAND band per distinct target (runs of one seed share
-    the first iteration's entropy, so they share a band)."""
-    drawn: set[tuple[float, ...]] = set()
-    for target in targets.values():
-        key = tuple(round(t, 3) for t in target)
-        if not target or key in drawn:
-            continue
-        drawn.add(key)
-        its = list(range(len(target)))
-        label = None if len(drawn) > 1 else f"target +-{BAND:.0%}"
-        ax.plot(its, target, linestyle="--", color="0.4", linewidth=1)
-        ax.fill_between(its, [t * (1 - BAND) for t in target], [t * (1 + BAND) for t in target],
+def draw_bands(ax: Any, targets: dict[str, list[float]]) -> list[str]:
+    """One dashed target line and one +-BAND band per distinct target, labelled with the runs
+    that share it (runs of one seed with a first-iteration target share one); the legend
+    labels of the bands drawn."""
+    shared: dict[tuple[float, ...], list[str]] = {}
+    for name, target in targets.items():
+        if target:
+            shared.setdefault(tuple(round(t, 3) for t in target), []).append(name)
+    drawn = []
+    for key, names in shared.items():
+        its = list(range(len(key)))
+        label = f"{', '.join(names)}: target +-{BAND:.0%}"
+        ax.plot(its, key, linestyle="--", color="0.4", linewidth=1)
+        ax.fill_between(its, [t * (1 - BAND) for t in key], [t * (1 + BAND) for t in key],
                         color="0.5", alpha=0.12, linewidth=0, label=label)  # fmt: skip
+        drawn.append(label)
     if drawn:
         ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.15))
+    return drawn
 
 
 def tracking(record: dict[str, Any]) -> dict[str, float]:
@@ -79,7 +95,8 @@ def goal(records: list[dict[str, Any]]) -> dict[str, Any]:
     checks = []
     for seed in sorted({r["seed"] for r in records}):
         at_seed = [r for r in records if r["seed"] == seed]
-        grpo = next((r for r in at_seed if r["label"] == "grpo"), None)
+        # the baseline is the plain grpo preset, whatever it is labelled
+        grpo = next((r for r in at_seed if r.get("spec", r["label"]) == "grpo"), None)
         for run in (r for r in at_seed if r.get("controlled") and grpo is not None):
             excursion = tracking(run)["max_excursion"]
             accuracy, grpo_accuracy = run.get("accuracy_after"), grpo.get("accuracy_after")
@@ -97,14 +114,17 @@ def goal(records: list[dict[str, Any]]) -> dict[str, Any]:
             "first_tracked": FIRST_TRACKED + 1, "checks": checks, "held": held}  # fmt: skip
 
 
-def verdict(result: dict[str, Any]) -> list[str]:
-    """Plain sentences: per seed and controlled run, whether the goal held, and why not."""
+def verdict(result: dict[str, Any], names: dict[str, str] | None = None) -> list[str]:
+    """Plain sentences: per seed and controlled run, whether the goal held, and why not; runs
+    under ``names`` (label -> shown name; default the labels), lines within WIDTH columns."""
     if not result["checks"]:
         return ["goal not checked: it needs a grpo run and a run with a lever on the same seed"]
+    names = names or {}
     band, fall = result["band"], result["fall"]
     lines = [f"goal, per seed: entropy within +-{band:.0%} of its target at every iteration "
-             f"from the {_ordinal(result['first_tracked'])} on, GRPO ends at <= {fall:.2f} of "
-             f"its start, held-out accuracy >= GRPO's - {result['accuracy_slack']:.2f}"]  # fmt: skip
+             f"from the {_ordinal(result['first_tracked'])} on,",
+             f"  GRPO ends at <= {fall:.2f} of its start, held-out accuracy >= GRPO's - "
+             f"{result['accuracy_slack']:.2f}"]  # fmt: skip
     for c in result["checks"]:
         why = []
         if not c["in_band"]:
@@ -114,19 +134,24 @@ def verdict(result: dict[str, Any]) -> list[str]:
         if not c["accurate"]:
             why.append(f"accuracy {_accuracy(c['accuracy'])} against GRPO's "
                        f"{_accuracy(c['grpo_accuracy'])}")  # fmt: skip
-        word = "HELD" if c["holds"] else "did NOT hold: " + "; ".join(why)
         lines.append(
-            f"  seed {c['seed']}: {c['run']}: largest excursion {c['max_excursion']:.0%}, "
-            f"GRPO at {c['grpo_ratio']:.2f}, accuracy {_accuracy(c['accuracy'])} vs "
-            f"{_accuracy(c['grpo_accuracy'])} -> {word}"
+            f"  seed {c['seed']}, {names.get(c['run'], c['run'])}: largest excursion "
+            f"{c['max_excursion']:.0%}, GRPO at {c['grpo_ratio']:.2f}, accuracy "
+            f"{_accuracy(c['accuracy'])} vs {_accuracy(c['grpo_accuracy'])}"
         )
+        lines.append("    HELD" if c["holds"] else "    did NOT hold: " + "; ".join(why))
     for label, held in result["held"].items():
         mine = [c for c in result["checks"] if c["run"] == label]
         n = sum(c["holds"] for c in mine)
-        lines.append(
-            f"{label}: goal {'HELD' if held else 'did NOT hold'} ({n} of {len(mine)} seeds)"
-        )
-    return lines
+        lines.append(f"{names.get(label, label)}: goal {'HELD' if held else 'did NOT hold'} "
+                     f"({n} of {len(mine)} seeds)")  # fmt: skip
+    return [_fit(line) for line in lines]
+
+
+def _fit(line: str) -> str:
+    """``line`` wrapped at WIDTH, continuation lines indented past its own indent."""
+    indent = " " * (len(line) - len(line.lstrip()) + 4)
+    return textwrap.fill(line, WIDTH, subsequent_indent=indent, break_on_hyphens=False)
 
 
 def _ordinal(n: int) -> str:
@@ -137,25 +162,36 @@ def _accuracy(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
+def _pair(first: float | None, last: float | None, fmt: str = ".3f") -> str:
+    shown = ["-" if v is None else format(v, fmt) for v in (first, last)]
+    return f"{shown[0]} -> {shown[1]}"
+
+
 def report(summary: dict[str, Any]) -> str:
-    """The table a user sees first (one row per run and seed), then the goal's verdict."""
+    """The table a user sees first (one row per run and seed, each run under its short name),
+    what each named run is, then the goal's verdict; no line wider than WIDTH."""
     records = summary["runs"]
-    width = max([len("run"), *(len(r["label"]) for r in records)])
+    names = shown_names(records)
+    width = max([len("run"), *(len(names[r["label"]]) for r in records)])
+    columns = (("seed", 4), ("entropy 1st->last", 17), ("track", 5), ("max exc", 7),
+               ("reward 1st->last", 16), ("accuracy 1st->last", 18), ("wall", 5))  # fmt: skip
     lines = [
         f"held-out accuracy of the base model: {_accuracy(summary.get('accuracy_before'))}",
-        f"{'run':<{width}} {'seed':>4} {'entropy first -> last':>22} {'track':>6} "
-        f"{'max exc':>7} {'reward first -> last':>21} {'accuracy 1st -> last':>21} {'wall':>6}",
+        f"{'run':<{width}}" + "".join(f"  {title:>{w}}" for title, w in columns),
     ]
     for r in records:
         t = tracking(r)
-        lines.append(
-            f"{r['label']:<{width}} {r['seed']:>4} {r['entropy'][0]:>10.3f} -> "
-            f"{r['entropy'][-1]:<7.3f} {t['tracking_error']:>6.2f} {t['max_excursion']:>7.2f} "
-            f"{r['reward'][0]:>9.3f} -> {r['reward'][-1]:<8.3f} "
-            f"{_accuracy(r['accuracy_first']):>9} -> {_accuracy(r['accuracy_after']):<8} "
-            f"{r['wall_s']:>5.0f}s"
-        )
-    lines += verdict(summary.get("goal") or goal(records))
+        cells = (r["seed"], _pair(r["entropy"][0], r["entropy"][-1]),
+                 f"{t['tracking_error']:.2f}", f"{t['max_excursion']:.2f}",
+                 _pair(r["reward"][0], r["reward"][-1]),
+                 _pair(r["accuracy_first"], r["accuracy_after"]), f"{r['wall_s']:.0f}s")  # fmt: skip
+        row = "".join(f"  {cell:>{w}}" for cell, (_, w) in zip(cells, columns, strict=True))
+        lines.append(f"{names[r['label']]:<{width}}{row}")
+    specs = {names[r["label"]]: r.get("spec", r["label"]) for r in records}
+    named = [f"  {name} = {spec}" for name, spec in specs.items() if spec != name]
+    if named:
+        lines += ["runs:", *(_fit(line) for line in named)]
+    lines += verdict(summary.get("goal") or goal(records), names)
     settings = summary["settings"]
     lines.append(f"wall time {summary['wall_s']:.0f} s (seeds {settings['seeds']}, "
                  f"{settings['workers']} workers x {settings['threads']} threads)")  # fmt: skip

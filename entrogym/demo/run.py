@@ -2,7 +2,7 @@
 
 Each job is its own process with its own ``hf`` engine and ``cores // workers`` torch threads:
 on this project's 2-core machine two 1-thread runs side by side did 1.33x the iterations per
-minute of one 2-thread run (docs/performance.md, "Quiet machine").
+minute of one 2-thread run (docs/results.md, "2026-11-23 04:24").
 """
 
 from __future__ import annotations
@@ -18,13 +18,24 @@ from typing import Any
 
 from entrogym.agents.config import AgentConfig
 from entrogym.atomic import atomic_write_text
-from entrogym.demo.config import AGENT, DEFAULT_SEEDS, ENV, ENV_KWARGS, demo_config, parse_run
-from entrogym.demo.report import goal, plot_demo, report
+from entrogym.demo.config import (
+    AGENT,
+    DEFAULT_SEEDS,
+    ENV,
+    ENV_KWARGS,
+    demo_config,
+    parsed_run,
+    split_run,
+)
+from entrogym.demo.log_labels import labelled_output
+from entrogym.demo.report import goal, plot_demo, report, shown_names
 
 
 @dataclass(frozen=True)
 class Job:
-    """One process's work: train ``config`` (label, seed), or evaluate the base model."""
+    """One process's work: train ``config`` (label, seed), or evaluate the base model.
+    ``spec`` is the run's spec without its ``NAME=`` (``grpo`` marks the goal's baseline);
+    ``name`` its short name (default: the label), which its log lines carry with the seed."""
 
     label: str
     seed: int
@@ -32,6 +43,8 @@ class Job:
     config: Any = None  # TrainConfig; None: the base model's held-out evaluation
     eval_tasks: int = 0
     engine: str = AGENT.engine
+    spec: str = ""
+    name: str = ""
 
 
 def run_job(job: Job) -> dict[str, Any]:
@@ -42,7 +55,9 @@ def run_job(job: Job) -> dict[str, Any]:
 
         apply_threads(job.threads)
         return {"accuracy_before": evaluate_base(job.engine, job.eval_tasks, job.seed)}
-    return {"label": job.label, "seed": job.seed, **train_one(job.config)}
+    with labelled_output(f"{job.name or job.label} s{job.seed}", job.config.algorithm().name):
+        result = train_one(job.config)
+    return {"label": job.label, "spec": job.spec or job.label, "seed": job.seed, **result}
 
 
 def evaluate_base(engine_kind: str, tasks: int, seed: int) -> float:
@@ -112,12 +127,16 @@ def plan_jobs(out: Path, runs: list[str], seeds: list[int], iterations: int, lr:
     threads = threads or max(1, (os.cpu_count() or 1) // workers)
     kind = engine or AGENT.engine
     jobs = []
+    names = shown_names([{"label": parsed_run(spec)[0]} for spec in runs])
     for seed in seeds:
-        for label, folder, algo in map(parse_run, runs):
+        for spec in runs:
+            label, folder, algo = parsed_run(spec)
             config = demo_config(algo, out / f"seed{seed}", iterations, lr, eval_tasks,
                                  seed=seed, engine=kind, name=folder, threads=threads,
                                  model=model)  # fmt: skip
-            jobs.append(Job(label, seed, threads, config))
+            jobs.append(
+                Job(label, seed, threads, config, spec=split_run(spec)[1], name=names[label])
+            )
     if eval_tasks and base:
         jobs.append(Job("base model", seeds[0], threads, eval_tasks=eval_tasks, engine=kind))
     return jobs
@@ -148,7 +167,8 @@ def _announce(job: Job, result: dict[str, Any]) -> dict[str, Any]:
         print(f"base model: held-out accuracy {result['accuracy_before']:.3f}", flush=True)
     else:
         e = result["entropy"]
-        print(f"{job.label}, seed {job.seed}: entropy {e[0]:.3f} -> {e[-1]:.3f} "
+        name = getattr(job, "name", "") or job.label  # a benchmark's own jobs have no name
+        print(f"{name}, seed {job.seed}: entropy {e[0]:.3f} -> {e[-1]:.3f} "
               f"({result['wall_s']:.0f} s)", flush=True)  # fmt: skip
     return result
 
@@ -184,10 +204,7 @@ def run_demo(
     results = run_jobs(jobs, workers)
     records = [r for job, r in zip(jobs, results, strict=True) if job.config is not None]
     base = [r for job, r in zip(jobs, results, strict=True) if job.config is None]
-    folders = {f"{r['label']} s{r['seed']}": Path(r["folder"]) for r in records}
-    targets = {f"{r['label']} s{r['seed']}": r["entropy_target"] for r in records
-               if r.get("controlled") and all(t is not None for t in r["entropy_target"])}  # fmt: skip
-    for path in plot_demo(folders, out / "plots", targets):
+    for path in plot_demo(records, out / "plots"):
         print(path)
     settings = {"out": str(out), "runs": runs, "iterations": iterations, "lr": lr,
                 "eval_tasks": eval_tasks, "seeds": seeds, "engine": engine or AGENT.engine,

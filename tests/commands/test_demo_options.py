@@ -10,7 +10,7 @@ from benchmarks.demo_sweep import cell_name, parse_cell
 from entrogym.commands.demo import DemoOptions, build_parser
 from entrogym.commands.demo import cli as demo_cli
 from entrogym.commands.options import parse_options
-from entrogym.demo import DEFAULT_ITERATIONS, DEFAULT_RUNS, demo_config, parse_run
+from entrogym.demo import DEFAULT_ITERATIONS, DEFAULT_RUNS, demo_config, parse_run, parsed_run
 
 
 def test_a_variant_is_labelled_and_keeps_the_presets_other_values(tmp_path: Path) -> None:
@@ -52,7 +52,7 @@ def test_defaults_meet_the_issue_floor_and_seed_is_an_option() -> None:
         DemoOptions(seeds=[1, 1])
     with pytest.raises(ValueError, match="workers"):
         DemoOptions(workers=999)
-    assert {parse_run(s)[2]["name"] for s in DEFAULT_RUNS} >= {"grpo", "repo-r"}
+    assert {parsed_run(s)[2]["name"] for s in DEFAULT_RUNS} >= {"grpo", "repo-r"}
     with pytest.raises(ValueError, match="engine"):
         DemoOptions(engine="tpu")
     variant = "repo-d --algo.controller pi"

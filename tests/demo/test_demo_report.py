@@ -69,3 +69,80 @@ def test_demo_refuses_a_used_folder(tmp_path: Path, capsys) -> None:
     (tmp_path / "old.txt").write_text("keep me")
     assert demo_cli(["--out", str(tmp_path)]) == 2
     assert "not empty" in capsys.readouterr().err and (tmp_path / "old.txt").exists()
+
+
+LONG = "grpo --algo.lever kl-cov --algo.mask high-entropy"
+
+
+def default_records(seeds: tuple[int, ...] = (0,)) -> list[dict]:
+    """The default runs' records, labelled as the demo labels them, plus a long plain spec."""
+    from entrogym.demo import DEFAULT_RUNS, parsed_run, split_run
+
+    out = []
+    for seed in seeds:
+        for spec, entropy in zip((*DEFAULT_RUNS, LONG), (FELL, FELL, HELD, HELD), strict=True):
+            label = parsed_run(spec)[0]
+            out.append({**record(label, seed, entropy), "spec": split_run(spec)[1]})
+    return out
+
+
+def test_the_report_fits_100_columns_with_one_short_name_per_run() -> None:
+    records = default_records((0, 1))
+    text = report(summary(records))
+    assert max(len(line) for line in text.splitlines()) <= 100
+    rows = [line.split()[0] for line in text.splitlines()[2:10]]
+    assert rows == ["grpo", "repo-r", "held", "run#4"] * 2
+    # what each named run is, under the table; every word of the spec is there
+    assert "held = grpo --algo.lever entropy-constraint" in text
+    assert "run#4 = grpo --algo.lever kl-cov --algo.mask high-entropy" in text
+    assert "held: goal HELD (2 of 2 seeds)" in text and "run#4: goal HELD" in text
+    assert "seed 1, held: largest excursion 20%" in text
+
+
+def test_a_labelled_grpo_is_still_the_goals_baseline() -> None:
+    records = [{**record("base", 0, FELL), "controlled": False, "spec": "grpo"},
+               {**record("held", 0, HELD), "spec": "grpo --algo.lever entropy-constraint"}]  # fmt: skip
+    assert goal(records)["held"] == {"held": True}
+
+
+def test_the_entropy_plot_draws_each_target_once_under_short_names(tmp_path, monkeypatch) -> None:
+    import json
+
+    from matplotlib import pyplot as plt
+
+    from entrogym.demo.report import draw_bands, plot_demo
+    from entrogym.train import plots
+
+    figures = []
+    make = plots.entropy_figure
+    monkeypatch.setattr(
+        plots, "entropy_figure", lambda runs: figures.append(make(runs)) or figures[-1]
+    )
+
+    records = default_records()
+    records[2]["entropy_target"] = [1.984] * len(HELD)  # a probed target
+    for r in records:  # run folders with the rows the plots read
+        folder = tmp_path / r["label"].replace(" ", "_")
+        folder.mkdir()
+        rows = [{"iteration": i, "algo": r["label"].split()[0], "entropy": h, "reward_mean": 0.5}
+                for i, h in enumerate(r["entropy"])]  # fmt: skip
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+        r["folder"] = str(folder)
+    written = plot_demo(records, tmp_path / "plots")
+    assert [p.name for p in written] == ["entropy.png", "accuracy_vs_cumulative_entropy.png"]
+    assert all(p.stat().st_size > 0 for p in written)
+    (entropy,) = figures
+    legend = [t.get_text() for t in entropy.axes[0].get_legend().get_texts()]
+    # one line per run under its short name; repo-r and run#4 aim at their first iteration's
+    # entropy (one band), held at a probed target (its own band)
+    assert legend == ["grpo", "repo-r", "held", "run#4",
+                      "repo-r, run#4: target +-25%", "held: target +-25%"]  # fmt: skip
+    fig, ax = plt.subplots()
+    try:
+        targets = {"repo-r": [2.0] * 4, "held": [2.0] * 4, "run#4": [1.5] * 4}
+        assert draw_bands(ax, targets) == ["repo-r, held: target +-25%", "run#4: target +-25%"]
+        assert len(ax.collections) == 2  # one band per distinct target
+        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert legend == ["repo-r, held: target +-25%", "run#4: target +-25%"]
+    finally:
+        plt.close(fig)
