@@ -39,6 +39,9 @@ class SequentialOptions:
         engine: rollout engine (None: the demo's, entrogym.demo.AGENT.engine).
         model: model name (None: the demo's SmolLM2; tests use tiny-random-llama).
         workers: worker processes side by side, one thread each (None: two per core).
+        stage1_from: continue a finished stage 1 instead of training it again: a previous
+            ``entrogym sequential`` out, or an ``entrogym demo`` out (FOLDER/seedS/RUN) whose
+            runs, seeds and iterations are these.
     """
 
     out: str = "runs/sequential"
@@ -59,6 +62,7 @@ class SequentialOptions:
     engine: str | None = None
     model: str | None = None
     workers: int | None = None
+    stage1_from: str | None = None
 
     def __post_init__(self) -> None:
         from entrogym.demo.sequential import PAIRS, parsed_run
@@ -78,6 +82,8 @@ class SequentialOptions:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds: give one or more distinct seeds, got {self.seeds}")
+        if self.stage1_from is not None and not Path(self.stage1_from).is_dir():
+            raise ValueError(f"stage1_from: {self.stage1_from} is not a folder")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         cores = os.cpu_count() or 1
@@ -135,6 +141,7 @@ def cli(argv: list[str]) -> int:
                     lr=opts.lr, eval_tasks=opts.eval_tasks, pass_tasks=opts.pass_tasks,
                     pass_samples=opts.pass_samples, workers=opts.workers or 2 * cores,
                     threads=1, model=opts.model,
+                    stage1_from=Path(opts.stage1_from) if opts.stage1_from else None,
                     **({"engine": opts.engine} if opts.engine else {}))  # fmt: skip
         run_sequential(plan)
         return 0

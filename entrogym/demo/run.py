@@ -90,12 +90,19 @@ def held_out_accuracy(engine_kind: str, tasks: int, seed: int, *, adapter: str |
 
 def train_one(config: Any) -> dict[str, Any]:
     """Train one run through the real trainer; its entropy, reward, accuracy and wall time."""
-    from entrogym.train.metrics import read_metrics
-    from entrogym.train.tracking import filled_targets
     from entrogym.train.trainer import train
 
     start = time.perf_counter()
     run_dir = train(config)
+    return run_record(config, run_dir, time.perf_counter() - start)
+
+
+def run_record(config: Any, run_dir: Path, wall_s: float) -> dict[str, Any]:
+    """A finished run's entropy, targets, reward, coefficient and accuracy, read from its
+    ``metrics.jsonl`` (``config``: the TrainConfig it ran with)."""
+    from entrogym.train.metrics import read_metrics
+    from entrogym.train.tracking import filled_targets
+
     rows = read_metrics(run_dir)
     rows_t = [r for r in rows if r.get("kind", "train") == "train"]
     evals = [r for r in rows if r.get("kind") == "eval"]
@@ -113,7 +120,7 @@ def train_one(config: Any) -> dict[str, Any]:
         "accuracy_first": evals[0]["pass@1"] if evals else None,
         "accuracy_after": evals[-1]["pass@1"] if evals else None,
         "generated_tokens": sum(r.get("generated_tokens", 0) for r in rows_t),
-        "wall_s": time.perf_counter() - start,
+        "wall_s": wall_s,
     }
 
 

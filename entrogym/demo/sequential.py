@@ -20,8 +20,16 @@ from pathlib import Path
 from typing import Any
 
 from entrogym.atomic import atomic_write_text
-from entrogym.demo.config import AGENT, DEFAULT_LR, DEFAULT_RUNS, demo_config, parse_run
-from entrogym.demo.run import run_jobs, train_one
+from entrogym.demo.config import (
+    AGENT,
+    DEFAULT_LR,
+    DEFAULT_RUNS,
+    demo_config,
+    parse_run,
+    parsed_run,
+    split_run,
+)
+from entrogym.demo.run import run_jobs, run_record, train_one
 
 
 @dataclass(frozen=True)
@@ -54,7 +62,7 @@ STAGE1_ITERATIONS, STAGE2_ITERATIONS = 15, 10
 # Stage 2's one algorithm: plain GRPO, so that only the starting policy differs.
 STAGE2_ALGO = "grpo"
 # Stage 1's runs: GRPO, the paper's REPO-R preset, and the held configuration (the demo's).
-RUNS = ("grpo", "repo-r", f"held={DEFAULT_RUNS[-1]}")
+RUNS = DEFAULT_RUNS
 # pass@k on A: the first PASS_TASKS held-out tasks, PASS_SAMPLES samples each.
 PASS_TASKS, PASS_SAMPLES = 16, 64
 
@@ -62,22 +70,6 @@ PASS_TASKS, PASS_SAMPLES = 16, 64
 def run_label(spec: str) -> str:
     """A run's short label: ``NAME`` of ``NAME=SPEC``, else the spec's own label (``grpo``)."""
     return split_run(spec)[0]
-
-
-def split_run(spec: str) -> tuple[str, str]:
-    """``"held=grpo --algo.lever ..."`` -> ``("held", "grpo --algo.lever ...")``; a spec without
-    a ``NAME=`` prefix is labelled as the demo labels it."""
-    head, sep, rest = spec.partition("=")
-    if sep and head.strip().replace("-", "_").isidentifier() and " " not in head.strip():
-        return head.strip(), rest.strip()
-    return parse_run(spec)[0], spec
-
-
-def parsed_run(spec: str) -> tuple[str, str, dict[str, Any]]:
-    """(label, folder name, algo mapping) of a run spec, ``NAME=SPEC`` or a plain spec."""
-    label, body = split_run(spec)
-    _, folder, algo = parse_run(body)
-    return label, (label if label != parse_run(body)[0] else folder), algo
 
 
 def stage_area(reward: list[float]) -> float:
@@ -156,6 +148,20 @@ def final_adapter(folder: Path) -> str:
     return str(checkpoints[-1] / "adapter")
 
 
+def _run_folder(root: Path, *names: str) -> Path:
+    """A stage-1 run's folder under ``root``: the first of ``names`` that holds a run."""
+    for name in dict.fromkeys(names):
+        if (root / name / "metrics.jsonl").is_file():
+            return root / name
+    raise ValueError(f"stage1_from: no finished run {names[0]!r} under {root}")
+
+
+def _train_rows(folder: Path) -> list[dict[str, Any]]:
+    from entrogym.train.metrics import read_metrics
+
+    return [r for r in read_metrics(folder) if r.get("kind", "train") == "train"]
+
+
 @dataclass
 class Plan:
     """Everything one ``entrogym sequential`` run does (settled before any model loads)."""
@@ -176,6 +182,9 @@ class Plan:
     threads: int = 1
     engine: str = AGENT.engine
     model: str | None = None  # None: the demo's model (tests use a tiny one)
+    # a finished stage 1 to continue from (its out, or a demo's: FOLDER/seedS/RUN) instead of
+    # training stage 1 again
+    stage1_from: Path | None = None
 
     def stage1_jobs(self) -> list[TrainJob]:
         pair = self.pair
@@ -189,6 +198,28 @@ class Plan:
                                      env_kwargs=pair.a.env_kwargs)  # fmt: skip
                 jobs.append(TrainJob(label, seed, 1, config))
         return jobs
+
+    def reused_stage1(self) -> list[dict[str, Any]]:
+        """Stage 1's records read from the finished runs under ``stage1_from`` (their last
+        checkpoint must be the run's last iteration)."""
+        assert self.stage1_from is not None
+        records = []
+        specs = [spec for _ in self.seeds for spec in self.runs]
+        for job, spec in zip(self.stage1_jobs(), specs, strict=True):
+            config, seed = job.config, job.seed
+            unlabelled = parse_run(split_run(spec)[1])[1]  # a folder named before NAME= labels
+            root = self.stage1_from / f"seed{seed}"
+            if (root / "stage1").is_dir():  # a sequential run's out
+                root = self.stage1_from / "stage1" / f"seed{seed}"
+            folder = _run_folder(root, Path(config.out).name, unlabelled)
+            last = Path(final_adapter(folder)).parent.name
+            if last != f"iter-{self.stage1_iterations - 1:06d}":
+                raise ValueError(f"stage1_from: {folder} ends at {last}, not at iteration "
+                                 f"{self.stage1_iterations - 1}; pass its --stage1-iterations")  # fmt: skip
+            wall = sum(r.get("iteration_s", 0.0) for r in _train_rows(folder))
+            records.append({"label": job.label, "seed": seed, "stage": 1,
+                            **run_record(config, folder, wall)})  # fmt: skip
+        return records
 
     def pass_job(self, label: str, seed: int, adapter: str | None) -> PassJob:
         return PassJob(label, seed, self.pair.a, adapter, self.pass_tasks,
@@ -217,7 +248,11 @@ def run_sequential(plan: Plan) -> dict[str, Any]:
     resolve_model(plan.model or AGENT.model)  # dequantise the GGUF once, before the workers
     print(f"stage 1: {len(plan.runs)} run(s) x {len(plan.seeds)} seed(s) on task A "
           f"({plan.stage1_iterations} iterations)", flush=True)  # fmt: skip
-    stage1 = run_jobs(plan.stage1_jobs(), plan.workers, body=run_sequential_job)
+    if plan.stage1_from is None:
+        stage1 = run_jobs(plan.stage1_jobs(), plan.workers, body=run_sequential_job)
+    else:
+        stage1 = plan.reused_stage1()
+        print(f"stage 1: reused from {plan.stage1_from}", flush=True)
     second: list[TrainJob | PassJob] = [plan.stage2_job(r) for r in stage1]
     second += [plan.pass_job(r["label"], r["seed"], final_adapter(Path(r["folder"])))
                for r in stage1]  # fmt: skip

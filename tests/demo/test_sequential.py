@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from entrogym.cli import main
-from entrogym.demo.sequential import split_run, stage_area
+from entrogym.demo.config import split_run
+from entrogym.demo.sequential import stage_area
 from entrogym.demo.sequential_report import goals
 
 TINY = ["--model", "tiny-random-llama", "--stage1-iterations", "2", "--stage2-iterations", "2",
@@ -43,6 +44,19 @@ def test_sequential_runs_both_stages_and_writes_the_summary(
     printed = capsys.readouterr().out
     assert "goals (held against grpo" in printed
     assert max(len(line) for line in printed.splitlines() if "p@" in line) <= 100
+
+    # a second B from the same stage 1: --stage1-from reuses the finished runs
+    again = tmp_path / "again"
+    argv = ["sequential", *TINY, "--out", str(again), "--runs", *runs, "--stage1-from", str(out)]
+    assert main(argv) == 0
+    reused = json.loads((again / "summary.json").read_text())
+    for first, second in zip(summary["runs"], reused["runs"], strict=True):
+        assert second["stage1"]["entropy"] == first["stage1"]["entropy"]
+        assert second["stage1"]["folder"] == first["stage1"]["folder"]
+        assert str(again) in second["stage2"]["folder"]
+        # the same start, seed and task B: the same stage 2
+        assert second["stage2"]["reward"] == first["stage2"]["reward"]
+    assert not (again / "stage1").exists()
 
 
 @pytest.mark.parametrize(
