@@ -148,30 +148,28 @@ class Learner:
         self,
         batch: UpdateBatch,
         rows: torch.Tensor,
-        need_entropy: bool,
-        out: tuple[torch.Tensor, torch.Tensor | None],
+        logprobs: torch.Tensor,
+        entropies: torch.Tensor | None = None,
     ) -> None:
-        """Score ``rows`` micro-batch by micro-batch without gradients, into ``out`` (log-probs
-        and, if ``need_entropy``, entropies; ``[B, T]`` like ``batch.mask``, zeros past a row's
-        micro-batch width)."""
+        """Score ``rows`` without gradients, micro-batch by micro-batch as the update does,
+        into ``logprobs`` (and exact ``entropies`` if given): ``[B, T]`` like ``batch.mask``,
+        left as they are past each micro-batch's width."""
         size, tokens = self.cfg.micro_batch_size, self.cfg.micro_batch_tokens
         with torch.no_grad():
             for index in batch.micro_batches(rows, size, tokens):
-                lp, ent = self.score(batch, index, need_entropy=need_entropy)
-                out[0][index, : lp.shape[1]] = lp
-                if ent is not None and out[1] is not None:
-                    out[1][index, : ent.shape[1]] = ent
+                lp, ent = self.score(batch, index, need_entropy=entropies is not None)
+                logprobs[index, : lp.shape[1]] = lp
+                if entropies is not None:
+                    entropies[index, : ent.shape[1]] = ent
 
     def score_all(
         self, batch: UpdateBatch, need_entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """fp32 log-probs (and exact entropies) of every row, ``[B, T]`` like ``batch.mask``."""
-        out = (
-            torch.zeros(batch.mask.shape),
-            torch.zeros(batch.mask.shape) if need_entropy else None,
-        )
-        self.score_rows(batch, torch.arange(len(batch)), need_entropy, out)
-        return out
+        logprobs = torch.zeros(batch.mask.shape)
+        entropies = torch.zeros(batch.mask.shape) if need_entropy else None
+        self.score_rows(batch, torch.arange(len(batch)), logprobs, entropies)
+        return logprobs, entropies
 
     def sampling_version_logprobs(
         self, batch: UpdateBatch, it: int, versions: WeightVersions | None
@@ -182,9 +180,9 @@ class Learner:
         out = torch.zeros(batch.mask.shape)
         for version in sorted(set(batch.versions.tolist())):
             rows = (batch.versions == version).nonzero().flatten()
-            weights = contextlib.nullcontext() if version == it else versions.weights_of(version)  # type: ignore[union-attr]
+            weights = contextlib.nullcontext() if version == it else versions.weights_of(version)
             with weights:
-                self.score_rows(batch, rows, need_entropy=False, out=(out, None))
+                self.score_rows(batch, rows, out)
         return out
 
     def probe_entropy(self, batch: UpdateBatch) -> float:

@@ -247,10 +247,6 @@ class Trainer:
         self.run.save(it, self.state, self.learner, best=best, rng=rng,
                       sampler_weights=sampler_weights, gathered=gathered)  # fmt: skip
 
-    def record_stop(self, exc: BaseException) -> None:
-        """Append why the run stopped to the history (best effort)."""
-        self.run.record_stop(exc)
-
     def close(self, barrier: bool = True) -> None:
         """Close the engine this trainer started and the metrics, and release the run folder.
         ``barrier=False`` after a failed setup, where other ranks may not get this far."""
@@ -285,7 +281,7 @@ def train(cfg: TrainConfig) -> Path:
         with trainer.shutdown:  # SIGTERM / SIGINT: checkpoint, then Interrupted
             trainer.fit()
     except (*STOPS, Interrupted) as exc:
-        trainer.record_stop(exc)
+        trainer.run.record_stop(exc)  # in config_history.jsonl
         raise
     finally:
         trainer.close()
