@@ -72,7 +72,7 @@ class LearnerCounts:
     iteration; the trainer's ``publish`` phase ends an iteration."""
 
     def __init__(self, trainer: Any) -> None:
-        self.shape = ModelShape.of(trainer.policy)
+        self.shape = ModelShape.of(trainer.learner.policy)
         self.action_only = trainer.cfg.action_only_head
         self.current: dict[str, float] = defaultdict(float)
         self.iterations: list[dict[str, float]] = []
@@ -114,13 +114,13 @@ def run(
         counts = LearnerCounts(trainer)
         trainer.phases.hooks.append(counts)
         if work.device != "cpu":  # in place: the optimizer keeps the same parameters
-            trainer.policy.to(work.device)
+            trainer.learner.policy.to(work.device)
         startup_s = time.time() - t_spawn
         try:
             trainer.fit()
         finally:
             trainer.close()
-        rows = [r for r in read_metrics(trainer.run_dir) if r.get("kind", "train") == "train"]
+        rows = [r for r in read_metrics(trainer.run.dir) if r.get("kind", "train") == "train"]
     iterations = [summary(row, c) for row, c in zip(rows, counts.iterations, strict=True)]
     return {"startup_s": startup_s, "iterations": iterations, **_ceilings(work)}
 

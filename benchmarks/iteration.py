@@ -51,10 +51,11 @@ def bench_env_problem() -> str | None:
 
 
 def build_workload(args: argparse.Namespace) -> Workload:
-    """The demo's tasks in the order the trainer draws them (Trainer.collect's RNG)."""
+    """The demo's tasks in the order the trainer draws them (``iteration_seed``)."""
     from entrogym.demo import ENV, ENV_KWARGS, SYSTEM_PROMPT
     from entrogym.envs.base import make_text_env, task_ids_of
     from entrogym.models import resolve_model
+    from entrogym.train.rng import iteration_seed
 
     settings = dict(DEMO, tasks=args.tasks, samples=args.samples)
     settings["ignore_eos"] = not args.natural_lengths
@@ -64,7 +65,7 @@ def build_workload(args: argparse.Namespace) -> Workload:
     tasks = task_ids_of(env, "train")
     prompts, answers = [], []
     for it in range(args.iterations):
-        for task in random.Random(args.seed * 1_000_003 + it).sample(tasks, args.tasks):
+        for task in random.Random(iteration_seed(args.seed, it)).sample(tasks, args.tasks):
             observation, _ = env.reset(options={"task_id": task})
             prompts.append(
                 [

@@ -61,3 +61,12 @@ def set_rng_state(state: dict[str, Any]) -> None:
                 CheckpointWarning,
                 stacklevel=2,
             )
+
+
+def iteration_seed(seed: int, iteration: int) -> int:
+    """The seed of iteration ``iteration``'s own draws in run ``seed``: its tasks, its sampling
+    stream (async runs), its minibatch order; and, at ``iteration * episodes``, the first of its
+    episodes' env seeds. Runs whose seeds differ by one draw disjoint seeds for their first
+    million iterations (the prime 1_000_003 apart); a fresh generator per iteration makes a
+    resumed run draw what the uninterrupted one drew."""
+    return seed * 1_000_003 + iteration

@@ -16,8 +16,9 @@ from vowel_env import TINY_RUN
 from entrogym.algos.update_batch import micro_batches
 from entrogym.commands.train import parse_config
 from entrogym.train.config import TrainConfig
+from entrogym.train.learner import Learner
 from entrogym.train.metrics import read_metrics
-from entrogym.train.trainer import Trainer, train
+from entrogym.train.trainer import train
 
 
 def _brute_force(order: list[int], lengths: list[int], size: int, budget: int) -> list[list[int]]:
@@ -70,13 +71,13 @@ def test_the_learner_scores_micro_batches_within_the_token_bound_and_learns_the_
     run = {**TINY_RUN, "samples": 3, "early_stop_min_per_task": 3, "max_response_tokens": 12,
            "micro_batch_size": 6, "lr": 1e-2, "max_grad_norm": 1.0}  # fmt: skip
     seen: list[tuple[int, int]] = []
-    real = Trainer.score
+    real = Learner.score
 
     def spy(self, batch, index, need_entropy):
         seen.append((len(index), batch.width(index)))
         return real(self, batch, index, need_entropy)
 
-    monkeypatch.setattr(Trainer, "score", spy)
+    monkeypatch.setattr(Learner, "score", spy)
     bounded = read_metrics(train(TrainConfig(**run, iterations=2, micro_batch_tokens=110,
                                              out=str(tmp_path / "bounded"))))  # fmt: skip
     assert seen and all(rows * width <= 110 or rows == 1 for rows, width in seen)

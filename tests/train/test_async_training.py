@@ -17,8 +17,10 @@ from entrogym.algos import policy_update
 from entrogym.models import resolve_model
 from entrogym.train.batch import collate_episodes, usable_episodes
 from entrogym.train.config import TrainConfig
+from entrogym.train.learner import Learner
 from entrogym.train.metrics import read_metrics
 from entrogym.train.policy import load_base_model, save_adapter
+from entrogym.train.rng import iteration_seed
 from entrogym.train.run_folder import adapter_folder
 from entrogym.train.trainer import Trainer, train
 
@@ -43,39 +45,40 @@ def _sequential_reference(cfg: TrainConfig) -> list[dict]:
     trainer = Trainer(cfg)
     rows = []
     try:
-        trainer.publish_adapter(0)
+        sampler, learner = trainer.sampler, trainer.learner
+        sampler.publish_adapter(0)
         for it in range(cfg.iterations):
-            tasks = random.Random(cfg.seed * 1_000_003 + it).sample(
-                trainer.tasks, cfg.tasks_per_iter
+            tasks = random.Random(iteration_seed(cfg.seed, it)).sample(
+                sampler.tasks, cfg.tasks_per_iter
             )
             rollouts = collect_rollouts(
                 cfg.env,
                 tasks,
-                trainer.engine,
-                trainer.agent,
+                sampler.engine,
+                sampler.agent,
                 k=cfg.samples,
                 sampling=SamplingParams(temperature=cfg.temperature),
-                adapter=str(adapter_folder(trainer.run_dir, it)),
+                adapter=str(adapter_folder(trainer.run.dir, it)),
                 min_done_per_task=cfg.early_stop_min_per_task,
                 min_done_fraction=cfg.early_stop_fraction,
-                seed=cfg.seed * 1_000_003 + it * len(tasks) * cfg.samples,
+                seed=iteration_seed(cfg.seed, it * len(tasks) * cfg.samples),
             )
-            batch = collate_episodes(usable_episodes(list(rollouts)), trainer.pad_id)
+            batch = collate_episodes(usable_episodes(list(rollouts)), sampler.pad_id)
             batch.compute_advantages(trainer.algo.advantage)
-            trainer._grad_norms = []
+            learner.grad_norms = []
             row = policy_update(
                 trainer.control,
                 batch,
-                score=lambda index, need, batch=batch: trainer.score(batch, index, need),
-                backward=trainer.backward,
-                step=trainer.step,
-                zero_grad=lambda: trainer.optimizer.zero_grad(set_to_none=True),
+                score=lambda index, need, batch=batch: learner.score(batch, index, need),
+                backward=learner.backward,
+                step=learner.step,
+                zero_grad=lambda: learner.optimizer.zero_grad(set_to_none=True),
                 micro_batch_size=cfg.micro_batch_size,
-                generator=torch.Generator().manual_seed(cfg.seed * 1_000_003 + it),
+                generator=torch.Generator().manual_seed(iteration_seed(cfg.seed, it)),
             )
-            row["grad_norm"] = sum(trainer._grad_norms) / max(len(trainer._grad_norms), 1)
+            row["grad_norm"] = sum(learner.grad_norms) / max(len(learner.grad_norms), 1)
             rows.append(row)
-            trainer.publish_adapter(it + 1)
+            sampler.publish_adapter(it + 1)
     finally:
         trainer.close()
     return rows
@@ -124,7 +127,7 @@ def test_stale_ratios_are_pi_new_over_the_sampling_policy(tmp_path, monkeypatch)
     import entrogym.algos.update as update
 
     losses, scored = [], []
-    real_loss, real_score = update.micro_batch_loss, Trainer.score
+    real_loss, real_score = update.micro_batch_loss, Learner.score
 
     def loss_spy(control, rows, logprobs, *args, **kwargs):
         losses.append((logprobs.detach().clone(), rows.old_logprobs.clone(), rows.mask.clone()))
@@ -136,7 +139,7 @@ def test_stale_ratios_are_pi_new_over_the_sampling_policy(tmp_path, monkeypatch)
         return real_score(self, batch, index, need_entropy)
 
     monkeypatch.setattr(update, "micro_batch_loss", loss_spy)
-    monkeypatch.setattr(Trainer, "score", score_spy)
+    monkeypatch.setattr(Learner, "score", score_spy)
     cfg = TrainConfig(**RUN, iterations=2, max_staleness=1, out=str(tmp_path))
     rows = read_metrics(train(cfg))
     assert [r["staleness_max"] for r in rows] == [0, 1]

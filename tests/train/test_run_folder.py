@@ -10,8 +10,8 @@ import torch
 import vowel_env  # registers test/Vowel-v0; TINY_RUN
 import yaml
 
+from entrogym.train import learner as learner_module
 from entrogym.train import run_folder
-from entrogym.train import trainer as trainer_module
 from entrogym.train.checkpoint import save_checkpoint
 from entrogym.train.config import TrainConfig
 from entrogym.train.run_folder import (
@@ -38,7 +38,7 @@ def no_model_loads(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the run folder was checked")
 
-    monkeypatch.setattr(trainer_module, "load_policy", refuse)
+    monkeypatch.setattr(learner_module, "load_policy", refuse)
 
 
 def _finished_run(tmp_path, iterations: int = 12, **overrides) -> TrainConfig:

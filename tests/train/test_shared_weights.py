@@ -25,14 +25,14 @@ def _storages(module: torch.nn.Module) -> set[int]:
 def test_the_engine_shares_the_learners_base_weights_and_samples_the_same(tmp_path):
     trainer = Trainer(TrainConfig(out=str(tmp_path / "run"), **RUN))
     try:
-        engine = trainer.engine
+        engine = trainer.sampler.engine
         assert engine.shares_weights
-        base = trainer.policy.get_base_model()
+        base = trainer.learner.policy.get_base_model()
         frozen = {p.untyped_storage().data_ptr() for n, p in base.named_parameters()
                   if "lora_" not in n}  # fmt: skip
         assert _storages(engine._model) == frozen  # not one tensor of its own
         trainer.fit()  # the learner trains beside it: its LoRA weights only
-        adapter = str(adapter_folder(trainer.run_dir, 2))
+        adapter = str(adapter_folder(trainer.run.dir, 2))
         prompts = [[1, 5, 9, 13], [1, 7, 2]]
         params = [SamplingParams(max_tokens=6, seed=3)] * 2
         shared = engine.generate(prompts, params, adapter=adapter)
@@ -52,8 +52,8 @@ def test_an_engine_in_another_dtype_loads_its_own_copy(tmp_path):
     cfg = TrainConfig(out=str(tmp_path / "run"), **(RUN | dict(engine_dtype="bf16")))
     trainer = Trainer(cfg)
     try:
-        assert not trainer.engine.shares_weights
-        assert next(trainer.engine._model.parameters()).dtype == torch.bfloat16
+        assert not trainer.sampler.engine.shares_weights
+        assert next(trainer.sampler.engine._model.parameters()).dtype == torch.bfloat16
         trainer.fit()
     finally:
         trainer.close()

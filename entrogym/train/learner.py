@@ -1,0 +1,217 @@
+"""The learner: the policy being trained, its optimizer and loss scaler, and the fp32 scoring
+the update runs on.
+
+:meth:`Learner.update` hands the preset's update (``entrogym.algos.policy_update``) its four
+pieces: ``score`` (exact log-probs and entropies of a micro-batch), ``backward``, ``step``
+(unscale, clip, step) and ``zero_grad``. Under ``torchrun`` the policy is FSDP2-sharded over
+the ranks and every rank scores its share of each micro-batch (``entrogym.train.distributed``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from entrogym.algos import EntropyControl, UpdateBatch, policy_update, sampled_entropy
+from entrogym.train import distributed
+from entrogym.train.checkpoint import load_adapter_into
+from entrogym.train.config import TrainConfig
+from entrogym.train.logprobs import sequence_logprobs, sequence_logprobs_and_entropy
+from entrogym.train.mismatch import sampler_entropy_gap
+from entrogym.train.phases import PhaseClock
+from entrogym.train.policy import LoraSettings, load_policy, trainable_parameters
+from entrogym.train.precision import apply_threads, loss_scaler_for, resolve_dtype
+from entrogym.train.rng import iteration_seed
+from entrogym.train.versions import WeightVersions
+
+
+class Learner:
+    """The policy (LoRA over the base model; ``--init-adapter`` loaded into it), the loss scaler
+    and, once :meth:`build_optimizer` ran, the optimizer. Scoring and steps are timed on
+    ``phases``."""
+
+    def __init__(self, cfg: TrainConfig, ranks: distributed.Ranks, phases: PhaseClock) -> None:
+        self.cfg, self.ranks, self.phases = cfg, ranks, phases
+        if cfg.threads is not None:
+            apply_threads(cfg.threads)
+        self.policy = load_policy(
+            cfg.model,
+            dtype=cfg.dtype,
+            lora=LoraSettings(
+                cfg.lora_rank, cfg.lora_alpha, target_modules=cfg.lora_target_modules
+            ),
+            seed=cfg.seed,
+            # a 16-bit body keeps an fp32 LM head over upcast hidden states (paper Sec. 4);
+            # under torchrun FSDP2's output_dtype=float32 plays that part
+            head_dtype="fp32" if cfg.dtype != "fp32" and not ranks.distributed else None,
+        )
+        self.scaler = loss_scaler_for(resolve_dtype(cfg.dtype))
+        if cfg.init_adapter:  # a checkpoint a resume loads replaces it
+            load_adapter_into(self.policy, cfg.init_adapter, base_model=cfg.model)
+        self.logprob_opts = {
+            "softmax_fix": cfg.softmax_fix,
+            "bf16_round_logprobs": cfg.bf16_round_logprobs,
+        }
+        self.grad_norms: list[float] = []  # this update's pre-clip norms, filled by step()
+
+    def build_optimizer(self) -> None:
+        """Shard the policy under torchrun, then build the optimizer on its parameters: after
+        the weights are loaded (into the whole model), before the optimizer state is."""
+        if self.ranks.distributed:
+            from entrogym.train.fsdp import shard_policy
+
+            shard_policy(self.policy, param_dtype=self.cfg.dtype)
+        self.optimizer = torch.optim.AdamW(
+            trainable_parameters(self.policy), lr=self.cfg.lr, weight_decay=self.cfg.weight_decay
+        )
+
+    @property
+    def device(self) -> torch.device:
+        """Where the policy is (rows to score follow it there)."""
+        return next(self.policy.parameters()).device
+
+    # ----- the update -----------------------------------------------------------------------
+
+    def update(self, control: EntropyControl, batch: UpdateBatch, it: int) -> dict[str, Any]:
+        """Iteration ``it``'s update on ``batch`` (advantages and old log-probs set): the
+        preset's metrics plus ``grad_norm``, the mean pre-clip norm of its steps."""
+        self.grad_norms = []
+        metrics = policy_update(
+            control,
+            batch,
+            score=lambda index, need: self.score(batch, index, need),
+            backward=self.backward,
+            step=self.step,
+            zero_grad=lambda: self.optimizer.zero_grad(set_to_none=True),
+            micro_batch_size=self.cfg.micro_batch_size,
+            generator=torch.Generator().manual_seed(iteration_seed(self.cfg.seed, it)),
+            version=it,
+            micro_batch_tokens=self.cfg.micro_batch_tokens,
+        )
+        return {**metrics, "grad_norm": sum(self.grad_norms) / max(len(self.grad_norms), 1)}
+
+    def score(
+        self, batch: UpdateBatch, index: torch.Tensor, need_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """fp32 log-probs (and exact entropies) of rows ``index`` (one micro-batch of the
+        update), ``[b, t]`` with ``t`` their longest row, under the caller's grad mode. Under
+        torchrun each rank scores its share of the rows and the results are all-gathered."""
+        phase = "forward" if torch.is_grad_enabled() else "scoring"
+        with self.phases.time(phase, batch=batch, index=index):
+            input_ids, attention_mask = batch.tokens(index)
+            mine = distributed.rows_of_rank(len(index), self.ranks)
+            fn = sequence_logprobs_and_entropy if need_entropy else sequence_logprobs
+            # Only action positions enter the loss: the LM head runs there alone (exact, faster).
+            heads = batch.actions(index)[mine] if self.cfg.action_only_head else None
+            device = self.device  # rows follow a policy moved to a GPU
+            out = fn(
+                self.policy,
+                input_ids[mine].to(device),
+                attention_mask[mine].to(device),
+                score_mask=None if heads is None else heads.to(device),
+                layout=self.cfg.score_layout,
+                **self.logprob_opts,
+            )
+            lp, ent = out if need_entropy else (out, None)
+            # gathered on the policy's device (NCCL needs it), then back to the update's CPU
+            lp = distributed.gather_rows(lp, len(index), self.ranks).cpu()
+            if need_entropy:
+                ent = distributed.gather_rows(ent, len(index), self.ranks).cpu()
+        return lp, ent
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Back-propagate one micro-batch's weighted loss (scaled for fp16)."""
+        with self.phases.time("backward"):
+            self.scaler.scale(loss).backward()
+
+    def step(self) -> bool:
+        """Unscale (fp16), clip and take one optimizer step; False when it was skipped for
+        non-finite gradients. The update clears gradients before each minibatch."""
+        with self.phases.time("optimizer"):
+            found_inf = self.scaler.unscale_(self.optimizer)
+            if not found_inf:
+                norm = torch.nn.utils.clip_grad_norm_(
+                    trainable_parameters(self.policy), self.cfg.max_grad_norm
+                )
+                self.grad_norms.append(
+                    float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+                )
+            stepped = self.scaler.step(self.optimizer)
+            self.scaler.update()
+            return stepped
+
+    # ----- scoring without gradients --------------------------------------------------------
+
+    def score_rows(
+        self,
+        batch: UpdateBatch,
+        rows: torch.Tensor,
+        logprobs: torch.Tensor,
+        entropies: torch.Tensor | None = None,
+    ) -> None:
+        """Score ``rows`` without gradients, micro-batch by micro-batch as the update does,
+        into ``logprobs`` (and exact ``entropies`` if given): ``[B, T]`` like ``batch.mask``,
+        left as they are past each micro-batch's width."""
+        size, tokens = self.cfg.micro_batch_size, self.cfg.micro_batch_tokens
+        with torch.no_grad():
+            for index in batch.micro_batches(rows, size, tokens):
+                lp, ent = self.score(batch, index, need_entropy=entropies is not None)
+                logprobs[index, : lp.shape[1]] = lp
+                if entropies is not None:
+                    entropies[index, : ent.shape[1]] = ent
+
+    def score_all(
+        self, batch: UpdateBatch, need_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """fp32 log-probs (and exact entropies) of every row, ``[B, T]`` like ``batch.mask``."""
+        logprobs = torch.zeros(batch.mask.shape)
+        entropies = torch.zeros(batch.mask.shape) if need_entropy else None
+        self.score_rows(batch, torch.arange(len(batch)), logprobs, entropies)
+        return logprobs, entropies
+
+    def sampling_version_logprobs(
+        self, batch: UpdateBatch, it: int, versions: WeightVersions | None
+    ) -> torch.Tensor:
+        """fp32 log-probs ``[B, T]`` of every row under the weight version that sampled it
+        (``batch.versions``, kept in ``versions``; the current weights are version ``it``): the
+        ratio's denominator for a stale batch, scored exactly as the update scores its own."""
+        out = torch.zeros(batch.mask.shape)
+        for version in sorted(set(batch.versions.tolist())):
+            rows = (batch.versions == version).nonzero().flatten()
+            weights = contextlib.nullcontext() if version == it else versions.weights_of(version)
+            with weights:
+                self.score_rows(batch, rows, out)
+        return out
+
+    def probe_entropy(self, batch: UpdateBatch) -> float:
+        """The sampled entropy of a probe batch, scored in fp32 like an iteration's batch."""
+        logprobs, _ = self.score_all(batch, need_entropy=False)
+        return sampled_entropy(logprobs, batch.mask)
+
+    def entropy_check(self, batch: UpdateBatch) -> dict[str, Any]:
+        """Opt-in (``--sampler-entropy-check``): did the engine draw from the policy? One extra
+        no-grad pass for the exact entropies at the sampled positions (``sampler_entropy_gap``;
+        |z| > 4 fails). Empty when not asked for."""
+        if not self.cfg.sampler_entropy_check:
+            return {}
+        logprobs, entropies = self.score_all(batch, need_entropy=True)
+        check = sampler_entropy_gap(logprobs, entropies, batch.mask)
+        return {"sampler_entropy_gap": check["gap"], "sampler_entropy_z": check["z"]}
+
+    # ----- distributed state ----------------------------------------------------------------
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        """Restore a checkpoint's optimizer state (sharded again under torchrun)."""
+        distributed.load_optimizer_state(self.policy, self.optimizer, state, self.ranks)
+
+    def gathered(self) -> dict[str, Any]:
+        """Under torchrun, the whole adapter weights and optimizer state a checkpoint holds (a
+        collective: every rank calls it); empty on one process, where they are at hand."""
+        if not self.ranks.distributed:
+            return {}
+        return {
+            "weights": distributed.gathered_adapter(self.policy, self.ranks),
+            "optimizer_state": distributed.optimizer_state(self.policy, self.optimizer, self.ranks),
+        }

@@ -1,0 +1,328 @@
+"""The sampler: the rollout engine and what it samples with.
+
+It starts the engine (an in-process ``hf`` engine shares the learner's frozen base weights),
+publishes each weight version as an adapter folder the engine loads (``adapters/vNNNNNN``),
+keeps the versions a stale batch may come from (``--max-staleness``), collects each iteration's
+rollouts (in a rollout thread beside the update when K >= 1: ``entrogym.train.pipeline``), the
+target probe's batches, and the held-out evaluation, which runs on the same engine. Under
+``torchrun`` rank 0 alone runs the engine; publishing and the kept versions involve every rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from entrogym.agents.agent import LLMAgent
+from entrogym.agents.engines import Engine, SamplingParams, make_engine, resolve_engine_kind
+from entrogym.agents.engines.shared_weights import frozen_base_tensors
+from entrogym.agents.env_workers import check_portable, shared_env_workers
+from entrogym.agents.rollout import check_env_errors, collect_rollouts
+from entrogym.algos import UpdateBatch
+from entrogym.envs.base import make_text_env, task_ids_of
+from entrogym.train import distributed
+from entrogym.train.batch import collate_episodes, success_rate, usable_episodes
+from entrogym.train.config import TrainConfig
+from entrogym.train.evaluation import EvalPlan, plan_evaluation, run_evaluation
+from entrogym.train.pipeline import RolloutPipeline
+from entrogym.train.policy import save_adapter
+from entrogym.train.rng import iteration_seed
+from entrogym.train.run_folder import adapter_folder, prune_adapters, write_error
+from entrogym.train.shutdown import ShutdownRequest
+from entrogym.train.versions import Weights, WeightVersions
+
+# The probe batches of a target (``Sampler.probe_batches``) draw their tasks and seeds as these
+# iterations would: far past any run's end, so never a draw the run trains on.
+PROBE_ITERATION = 10**6
+
+
+class TrainingStopped(RuntimeError):
+    """Raised when the run cannot go on (too many non-finite steps, no usable episode)."""
+
+
+@dataclass(frozen=True)
+class StalenessBudget:
+    """What ``--max-staleness K`` keeps (``entrogym.train.pipeline``): batches are sampled by
+    the current weight version or one of the ``K`` before it."""
+
+    max_staleness: int
+
+    @property
+    def versions(self) -> int:
+        """Weight versions sampled with at once: the learner keeps their weights, the engine
+        holds their adapters (``max_loras``)."""
+        return self.max_staleness + 1
+
+    @property
+    def adapter_folders(self) -> int:
+        """Adapter folders kept on disk: the sampling versions and the one before."""
+        return self.versions + 1
+
+
+class Sampler:
+    """Rollouts, evaluation and the adapters they read. Built before the run folder opens (it
+    checks the split and the eval env); :meth:`start` it once the learner's policy exists."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        ranks: distributed.Ranks,
+        shutdown: ShutdownRequest,
+        engine: Engine | None = None,
+    ) -> None:
+        """``engine``: a running rollout engine to share (its owner closes it); by default the
+        sampler starts the one ``cfg`` names and closes it in :meth:`close`."""
+        self.cfg, self.ranks, self.shutdown = cfg, ranks, shutdown
+        self.run_dir = Path(cfg.out)
+        self.engine, self._owns_engine = engine, engine is None
+        self.budget = StalenessBudget(cfg.max_staleness)
+        # envs run in worker processes shared by this process's runs (0: in this process)
+        self.env_workers = shared_env_workers(cfg.env_limits()) if cfg.env_workers else 0
+        self._engine_lock = threading.Lock()  # rollouts (maybe a thread) and eval take turns
+        self.tasks = _task_ids(cfg)  # a split smaller than tasks_per_iter is a config error
+        self.eval_plan = _plan_evaluation(cfg)  # so is a bad eval split or eval env
+        self.adapter: Path | None = None  # the current weights' adapter folder (engine input)
+        self.versions: WeightVersions | None = None
+
+    def start(self, policy: torch.nn.Module) -> None:
+        """The agent (tokenizer, chat template, turn budget), the kept weight versions and,
+        on rank 0, the engine (engines may seed torch: before a resume restores the RNGs)."""
+        cfg = self.cfg
+        self.policy = policy
+        self.agent = LLMAgent.from_model(
+            cfg.model,
+            system_prompt=cfg.system_prompt,
+            max_turn_tokens=cfg.max_response_tokens,
+            max_context=cfg.max_context_tokens,
+            on_turn_budget=cfg.on_turn_budget,
+            chat_template=cfg.chat_template,
+        )
+        self.pad_id = self.agent.tokenizer.pad_token_id or 0
+        if cfg.max_staleness:  # the versions a stale batch may come from
+            self.versions = WeightVersions(policy, keep=self.budget.versions)
+        if self.ranks.main and self.engine is None:
+            self.engine = make_engine(
+                cfg.engine,
+                cfg.model,
+                # the rollout batch sizes a vLLM engine's KV cache; threads bind its worker
+                **cfg.engine_kwargs(
+                    seed=cfg.seed,
+                    lora_rank=cfg.lora_rank,
+                    max_num_seqs=cfg.tasks_per_iter * cfg.samples,
+                    threads=cfg.threads,
+                    max_loras=self.budget.versions,
+                ),
+                **self._shared_base_weights(),
+            )
+
+    def _shared_base_weights(self) -> dict[str, Any]:
+        """An in-process ``hf`` engine samples with the learner's frozen base weights (one
+        copy in memory, not two; it loads its own where the dtypes differ). Not under torchrun,
+        where FSDP2 has sharded them."""
+        if resolve_engine_kind(self.cfg.engine) != "hf" or self.ranks.distributed:
+            return {}
+        return {"base_weights": frozen_base_tensors(self.policy)}
+
+    # ----- weight versions ------------------------------------------------------------------
+
+    def publish_adapter(self, version: int) -> None:
+        """Write the current weights as ``adapters/vNNNNNN`` (one folder per version: engines
+        reload a new path) for the rollouts, evaluation and servers that follow, and drop the
+        versions no engine reads any more (checkpoints hold their own copy). With
+        ``max_staleness`` K the K versions before stay, and the learner keeps their weights."""
+        weights = distributed.gathered_adapter(self.policy, self.ranks)  # collective under torchrun
+        folder = adapter_folder(self.run_dir, version)
+        if self.versions is not None:
+            self.versions.record(version)
+        if self.ranks.main:
+            try:
+                save_adapter(self.policy, folder, weights)
+                # disk stays bounded however long the run
+                prune_adapters(self.run_dir, version, keep=self.budget.adapter_folders)
+            except OSError as exc:
+                raise write_error(exc, str(folder)) from exc
+        self.adapter = folder
+
+    def publish_older_versions(self, start: int) -> None:
+        """A resumed async run: the adapter folders of the versions its next batches are
+        sampled by, from the weights its checkpoint kept."""
+        if self.versions is None:
+            return
+        older = [v for v in self.versions.versions() if v < start]
+        for version, weights in self.versions.full(older).items():  # collective under torchrun
+            if self.ranks.main:
+                save_adapter(self.policy, adapter_folder(self.run_dir, version), weights)
+
+    def versions_to_save(self, it: int) -> dict[int, Weights] | None:
+        """The weights of the versions the batches after iteration ``it`` are sampled by, for
+        its checkpoint (a collective under torchrun); None for a synchronous run."""
+        if self.versions is None:
+            return None
+        return self.versions.full([v for v in self.versions.versions() if v <= it])
+
+    def load_versions(self, saved: dict[Any, Weights] | None) -> None:
+        """Keep the sampling versions' weights a checkpoint saved."""
+        if self.versions is not None and saved:
+            self.versions.load({int(v): w for v, w in saved.items()})
+
+    # ----- rollouts -------------------------------------------------------------------------
+
+    def pipeline(self, start: int, stop: int) -> RolloutPipeline:
+        """Iterations ``start .. stop - 1``'s batches, collected ahead of the update by up to
+        ``max_staleness`` versions (rank 0 alone collects)."""
+        return RolloutPipeline(
+            self.collect,
+            max_staleness=self.cfg.max_staleness,
+            start=start,
+            stop=stop if self.ranks.main else start,
+            floor=min(self.versions.versions()) if self.versions is not None else start,
+            on_thread_start=self._split_threads(),
+        )
+
+    def _split_threads(self) -> Any:
+        """With rollouts beside the update and the engine in this process (``hf``), the two
+        share the cores: the learner keeps ``threads`` (default: half the cores) and the
+        rollout thread takes the rest (at least one). Returns the rollout thread's setup."""
+        if not self.cfg.max_staleness or getattr(self.engine, "kind", None) != "hf":
+            return None
+        cores = os.cpu_count() or 1
+        learner = self.cfg.threads or max(1, cores // 2)
+        torch.set_num_threads(learner)  # this thread's (the learner's) OpenMP team
+        engine = max(1, cores - learner)
+        return lambda: torch.set_num_threads(engine)
+
+    def collect(
+        self, it: int, version: int | None = None, adapter: Path | None = None
+    ) -> tuple[UpdateBatch, dict[str, Any]]:
+        """Rank 0: iteration ``it``'s rollouts, sampled by weight ``version`` (default ``it``,
+        the current weights; from the folder ``adapter`` if given, else its own), as a batch
+        plus the rollout statistics of the metrics row. Safe to run in the rollout thread.
+        Raises ``TrainingStopped`` when no usable episode came back."""
+        cfg = self.cfg
+        version = it if version is None else version
+        seed = iteration_seed(cfg.seed, it)
+        tasks = random.Random(seed).sample(self.tasks, cfg.tasks_per_iter)
+        t0 = time.perf_counter()
+        # In an async run each batch samples from its own stream, whenever the thread gets to it.
+        stream = self.engine.seeded(seed) if cfg.max_staleness else None
+        with self._engine_lock, stream or contextlib.nullcontext():
+            rollouts = collect_rollouts(
+                cfg.env,
+                tasks,
+                self.engine,
+                self.agent,
+                k=cfg.samples,
+                sampling=SamplingParams(temperature=cfg.temperature, ignore_eos=cfg.ignore_eos),
+                adapter=str(adapter or adapter_folder(self.run_dir, version)),
+                min_done_per_task=cfg.early_stop_min_per_task,
+                min_done_fraction=cfg.early_stop_fraction,
+                env_kwargs=cfg.env_kwargs,
+                # one env seed per episode: the iteration's episodes, counted from the run's start
+                seed=iteration_seed(cfg.seed, it * len(tasks) * cfg.samples),
+                env_workers=self.env_workers,
+                env_timeout=cfg.env_timeout,
+                # under torchrun, rank 0 alone collects: a stop is only taken between iterations
+                should_stop=None if self.ranks.distributed else self.shutdown.requested,
+            )
+        # An env that raises or breaks its contract fails its episode (logged once per message);
+        # past the allowed share the run stops, naming the first failure.
+        check_env_errors(list(rollouts), cfg.max_env_error_fraction)
+        for episode in rollouts:
+            episode.info["policy_version"] = version
+        episodes = usable_episodes([e for e in rollouts if not e.failed])
+        if not episodes:
+            raise TrainingStopped(f"iteration {it}: no episode with action tokens came back")
+        stats = {
+            "success_rate": success_rate(episodes),
+            "response_tokens_mean": sum(e.num_action_tokens for e in episodes) / len(episodes),
+            "episodes": len(episodes),
+            "env_errors": rollouts.stats["env_errors"],
+            "rollout_s": time.perf_counter() - t0,
+            "tokens_per_s": rollouts.stats["tokens_per_s"],
+            "generated_tokens": rollouts.stats["generated_tokens"],
+            "policy_version": version,
+            "generate_s": rollouts.stats["generate_s"],  # charged to the phases by the trainer
+            "env_s": rollouts.stats["env_s"],
+        }
+        return collate_episodes(episodes, self.pad_id), stats
+
+    def probe_batches(self, n: int, start: int) -> list[UpdateBatch]:
+        """Rank 0: ``n`` batches of the weights of version ``start`` for a target probe, drawn
+        as the iterations from ``PROBE_ITERATION`` on would draw them. With the ``hf`` engine
+        they leave the run's own samples as they would be without them: the engine samples
+        them in a seeded scope from a copy of the adapter, so neither its random stream nor
+        the set of adapters it holds is changed for the run."""
+        with tempfile.TemporaryDirectory(prefix="entrogym-probe-") as tmp:
+            copy = shutil.copytree(adapter_folder(self.run_dir, start), Path(tmp) / "adapter")
+            batches = []
+            for it in range(PROBE_ITERATION + 1, PROBE_ITERATION + n + 1):
+                with self.engine.seeded(iteration_seed(self.cfg.seed, it)):
+                    batches.append(self.collect(it, version=start, adapter=copy)[0])
+        return batches
+
+    # ----- evaluation -----------------------------------------------------------------------
+
+    def evaluation_due(self, it: int) -> bool:
+        """Whether the weights after iteration ``it`` are evaluated: every ``eval_every``
+        iterations and after the last one."""
+        every, last = self.cfg.eval_every, self.cfg.iterations - 1
+        return self.eval_plan is not None and (it % every == 0 or it == last)
+
+    def evaluate(self, it: int) -> dict[str, Any]:
+        """Held-out evaluation of the weights after iteration ``it``'s update -- the weights a
+        checkpoint of ``it`` holds (and the next iteration's rollouts use). Rank 0 evaluates;
+        every rank gets the eval row."""
+        cfg = self.cfg
+
+        def run() -> dict[str, Any]:
+            with self._engine_lock:  # the rollout thread and evaluation take turns
+                plan = self.eval_plan or _plan_evaluation(cfg)
+                result = run_evaluation(self.engine, self.agent, plan, samples=cfg.eval_samples,
+                                        adapter=str(self.adapter), temperature=cfg.temperature,
+                                        seed=cfg.seed, env_workers=self.env_workers,
+                                        env_timeout=cfg.env_timeout)  # fmt: skip
+            return {"kind": "eval", "iteration": it, "env": cfg.eval_env, **result.summary}
+
+        return distributed.on_main(run, self.ranks)
+
+    def close(self) -> None:
+        """Close the engine this sampler started."""
+        if self.engine is not None and self._owns_engine:
+            self.engine.close()
+            self.engine = None
+
+
+def _task_ids(cfg: TrainConfig) -> list[str]:
+    if cfg.env_workers:
+        check_portable(cfg.env)  # before any model loads
+    env = make_text_env(cfg.env, **cfg.env_kwargs)
+    tasks = task_ids_of(env, cfg.split)
+    env.close()
+    if not tasks:
+        raise ValueError(f"env {cfg.env!r} has no tasks in split {cfg.split!r}")
+    if cfg.tasks_per_iter > len(tasks):
+        raise ValueError(
+            f"tasks_per_iter ({cfg.tasks_per_iter}) is above the {len(tasks)} tasks of "
+            f"{cfg.env} (split {cfg.split or 'default'}); an iteration draws distinct tasks, "
+            f"so pass --tasks-per-iter {len(tasks)} or less (or more --samples per task)"
+        )
+    return tasks
+
+
+def _plan_evaluation(cfg: TrainConfig) -> EvalPlan | None:
+    if not (cfg.eval_env and cfg.eval_every):
+        return None
+    # the eval env's own turn-budget rule if it declares one, else the run's
+    return plan_evaluation(cfg.eval_env, cfg.eval_env_kwargs, split=cfg.eval_split,
+                           max_tasks=cfg.eval_tasks, samples=cfg.eval_samples,
+                           default_rule=cfg.on_turn_budget)  # fmt: skip
