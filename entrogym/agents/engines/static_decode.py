@@ -1,0 +1,243 @@
+"""The ``hf`` engine's ``decode="static"`` path: sampling with merged LoRA weights and a static
+KV cache, for RL rollouts on CPU.
+
+``model.generate`` through peft runs every LoRA layer unmerged (two extra small matmuls and a
+dropout call per projection) and grows a dynamic cache: thousands of small ops per token. Here
+the adapter is merged into a sampling copy of the weights once per adapter version
+(``W + scaling * B A``, computed by peft's own ``get_delta_weight``, so its scaling, rank and
+alpha patterns and ``fan_in_fan_out`` hold), q/k/v and gate/up are each one matmul, the KV
+cache is allocated once for the batch, and identical prompts (the K samples of one task) are
+prefilled once.
+
+Sampling repeats ``generate``'s: the same logits processors (temperature, top-k, top-p, from
+``transformers``), one ``torch.multinomial`` over every row per step (finished rows too, so
+the random stream moves as ``generate``'s does and a seed gives the same tokens), finished
+rows padded, and each recorded log-prob is ``log_softmax`` of the raw logits at the sampled id.
+
+Only Llama-style decoders run here (:func:`unsupported_reason` says why a model does not);
+the engine samples the others with ``generate``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from entrogym.agents.engines.base import SamplingParams
+
+
+def unsupported_reason(config: Any) -> str | None:
+    """Why ``config``'s model cannot take the static path (None: it can). The forward here is
+    Llama's (RMSNorm, rotary embeddings, grouped-query attention, SiLU-gated MLP, no biases)."""
+    if getattr(config, "model_type", None) != "llama":
+        return f"model_type {getattr(config, 'model_type', None)!r} is not 'llama'"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"hidden_act {config.hidden_act!r} is not 'silu'"
+    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
+        return "the model's projections have biases"
+    if getattr(config, "pretraining_tp", 1) != 1:
+        return "pretraining_tp is not 1"
+    return None
+
+
+def adapter_unsupported_reason(peft_config: Any) -> str | None:
+    """Why an adapter cannot be merged here (None: it can): only plain LoRA on linear layers."""
+    if getattr(peft_config, "use_dora", False):
+        return "it uses DoRA"
+    if getattr(peft_config, "bias", "none") != "none":
+        return f"it trains biases (bias={peft_config.bias!r})"
+    if getattr(peft_config, "modules_to_save", None):
+        return "it saves whole modules (modules_to_save)"
+    return None
+
+
+def merged_weight(module: torch.nn.Module, adapter: str | None) -> torch.Tensor:
+    """``module``'s weight with ``adapter`` merged in (peft's ``get_delta_weight``:
+    ``scaling * B A``, transposed for ``fan_in_fan_out``); the base weight itself when the
+    module carries no such adapter (or ``adapter`` is None)."""
+    base = getattr(module, "base_layer", module)
+    if base.bias is not None:
+        raise ValueError(f"{type(base).__name__} has a bias; the static path has none")
+    weight = base.weight
+    if adapter is not None and adapter in getattr(module, "lora_A", {}):
+        with torch.no_grad():
+            weight = weight + module.get_delta_weight(adapter).to(weight.dtype)
+    return weight.detach()
+
+
+@dataclass
+class _Layer:
+    ln_in: torch.nn.Module
+    qkv: torch.Tensor  # [q | k | v] rows
+    o: torch.Tensor
+    ln_post: torch.nn.Module
+    gate_up: torch.Tensor  # [gate | up] rows
+    down: torch.Tensor
+
+
+class StaticDecoder:
+    """A Llama model's forward over merged weights (``net``: the ``transformers`` model,
+    plain or inside peft; ``adapter``: the peft adapter name to merge, None = the base)."""
+
+    def __init__(self, net: torch.nn.Module, adapter: str | None) -> None:
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        get_base = getattr(net, "get_base_model", None)
+        lm = get_base() if callable(get_base) else net
+        config = lm.config
+        self.heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.embed = lm.model.embed_tokens.weight.detach()
+        self.norm = lm.model.norm
+        self.rotary = lm.model.rotary_emb
+        self.rope = apply_rotary_pos_emb
+        self.head = merged_weight(lm.lm_head, adapter)
+        self.layers = []
+        for block in lm.model.layers:
+            attn, mlp = block.self_attn, block.mlp
+
+            def cat(*mods: torch.nn.Module) -> torch.Tensor:
+                return torch.cat([merged_weight(m, adapter) for m in mods])
+
+            self.layers.append(
+                _Layer(
+                    ln_in=block.input_layernorm,
+                    qkv=cat(attn.q_proj, attn.k_proj, attn.v_proj),
+                    o=merged_weight(attn.o_proj, adapter),
+                    ln_post=block.post_attention_layernorm,
+                    gate_up=cat(mlp.gate_proj, mlp.up_proj),
+                    down=merged_weight(mlp.down_proj, adapter),
+                )
+            )
+        self.dtype = self.embed.dtype
+        self._cache: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    # ----- the forward ---------------------------------------------------------------------
+
+    def _forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, start: int
+    ) -> torch.Tensor:
+        """Last-position logits (fp32) of ``ids`` [B, T] written at cache columns
+        ``start:start + T``; ``mask`` [B, 1, T, start + T] says which columns each query sees."""
+        b, t = ids.shape
+        h, kvh, d = self.heads, self.kv_heads, self.head_dim
+        x = F.embedding(ids, self.embed)
+        cos, sin = self.rotary(x, positions)
+        end = start + t
+        for layer, (k_cache, v_cache) in zip(self.layers, self._cache, strict=True):
+            q, k, v = F.linear(layer.ln_in(x), layer.qkv).split([h * d, kvh * d, kvh * d], -1)
+            q = q.view(b, t, h, d).transpose(1, 2)
+            k = k.view(b, t, kvh, d).transpose(1, 2)
+            q, k = self.rope(q, k, cos, sin)
+            k_cache[:, :, start:end] = k
+            v_cache[:, :, start:end] = v.view(b, t, kvh, d).transpose(1, 2)
+            keys, values = k_cache[:, :, :end], v_cache[:, :, :end]
+            if t == 1:  # one query per row: each kv head's query group as its query rows
+                out = F.scaled_dot_product_attention(
+                    q.reshape(b, kvh, h // kvh, d), keys, values, attn_mask=mask
+                ).reshape(b, 1, h * d)
+            else:
+                out = F.scaled_dot_product_attention(
+                    q, keys, values, attn_mask=mask, enable_gqa=h != kvh
+                )
+                out = out.transpose(1, 2).reshape(b, t, h * d)
+            x = x + F.linear(out, layer.o)
+            gate, up = F.linear(layer.ln_post(x), layer.gate_up).chunk(2, -1)
+            x = x + F.linear(F.silu(gate) * up, layer.down)
+        return F.linear(self.norm(x[:, -1]), self.head).float()
+
+    def _prefill(self, prompts: list[list[int]], pad: int, columns: int) -> torch.Tensor:
+        """Allocate the cache for ``len(prompts)`` rows of ``columns`` tokens, left-pad and
+        prefill the prompts (each distinct prompt once); the first step's logits [B, V]."""
+        distinct = list(dict.fromkeys(tuple(p) for p in prompts))
+        row_of = {p: i for i, p in enumerate(distinct)}
+        width = max(len(p) for p in distinct)
+        ids = torch.full((len(distinct), width), pad, dtype=torch.long)
+        valid = torch.zeros((len(distinct), width), dtype=torch.bool)
+        for row, p in enumerate(distinct):
+            ids[row, width - len(p) :] = torch.tensor(p)
+            valid[row, width - len(p) :] = True
+        # generate's positions: counted over the real tokens, 1 at the padding
+        positions = (valid.long().cumsum(-1) - 1).masked_fill(~valid, 1)
+        causal = torch.ones(width, width, dtype=torch.bool).tril()
+        # padding queries see themselves, so that no row of the softmax is empty
+        mask = (causal & valid[:, None, :]) | torch.eye(width, dtype=torch.bool)
+        shape = (len(distinct), self.kv_heads, columns, self.head_dim)
+        self._cache = [
+            (torch.zeros(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype))
+            for _ in self.layers
+        ]
+        logits = self._forward(ids, positions, mask[:, None], 0)
+        pick = torch.tensor([row_of[tuple(p)] for p in prompts])
+        self._cache = [(k[pick], v[pick]) for k, v in self._cache]
+        return logits[pick]
+
+    # ----- sampling ------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def sample(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        max_new: int,
+        stops: list[int],
+        pad: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample up to ``max_new`` tokens per prompt with ``params``' temperature, top-k and
+        top-p, as ``generate`` does; rows stop at a token in ``stops`` and are padded with
+        ``pad`` after. Returns the new ids [B, steps] and their raw log-probs [B, steps]."""
+        warp = _warpers(params)
+        width = max(len(p) for p in prompts)
+        logits = self._prefill(prompts, pad, width + max_new)
+        lengths = torch.tensor([len(p) for p in prompts])
+        valid = torch.zeros((len(prompts), width + max_new), dtype=torch.bool)
+        for row, n in enumerate(lengths.tolist()):
+            valid[row, width - n : width] = True
+        stop_ids = torch.tensor(stops, dtype=torch.long)
+        unfinished = torch.ones(len(prompts), dtype=torch.bool)
+        tokens, logprobs = [], []
+        for step in range(max_new):
+            scores = warp(logits)
+            if params.temperature > 0:
+                token = torch.multinomial(F.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+            else:
+                token = scores.argmax(-1)
+            if stops:
+                token = torch.where(unfinished, token, pad)
+            tokens.append(token)
+            logprobs.append(torch.log_softmax(logits, -1).gather(-1, token[:, None])[:, 0])
+            if stops:
+                unfinished &= ~torch.isin(token, stop_ids)
+            if step + 1 == max_new or not unfinished.any():
+                break
+            column = width + step
+            valid[:, column] = True
+            mask = valid[:, None, None, : column + 1]
+            logits = self._forward(token[:, None], (lengths + step)[:, None], mask, column)
+        self._cache = []
+        return torch.stack(tokens, 1), torch.stack(logprobs, 1)
+
+
+def _warpers(params: SamplingParams) -> Any:
+    """``generate``'s sampling processors for ``params``, in its order (temperature, top-k,
+    top-p), left out where they change nothing, as ``generate`` leaves them out."""
+    from transformers import (
+        LogitsProcessorList,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    chain = LogitsProcessorList()
+    if params.temperature > 0:
+        if params.temperature != 1.0:
+            chain.append(TemperatureLogitsWarper(params.temperature))
+        if params.top_k != 0:
+            chain.append(TopKLogitsWarper(top_k=params.top_k))
+        if params.top_p < 1.0:
+            chain.append(TopPLogitsWarper(top_p=params.top_p))
+    return lambda logits: chain(None, logits) if chain else logits

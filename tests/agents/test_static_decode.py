@@ -1,0 +1,146 @@
+"""The ``hf`` engine's ``decode="static"`` path (merged LoRA weights, static KV cache) samples
+what ``generate`` samples: the same tokens under a seed and the same log-probs, with and
+without an adapter; a new adapter version is merged anew and loading order leaks nothing."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+import torch
+from lora_policy import randomise_lora_b
+
+from entrogym.agents.engines import SamplingParams, make_engine
+from entrogym.models import resolve_model
+from entrogym.train.policy import LoraSettings, load_policy, save_adapter
+
+# duplicated prompts, as a rollout's K samples per task are (the static path prefills each once)
+PROMPTS = [[1, 5, 9, 13], [1, 7, 2], [1, 4, 4, 8, 3, 11, 12]] * 2
+SETTINGS = [
+    SamplingParams(temperature=1.0, max_tokens=10),
+    SamplingParams(temperature=0.7, top_k=20, top_p=0.9, max_tokens=10),
+    SamplingParams(temperature=0.0, max_tokens=10),
+]
+
+
+def _engine(decode: str, model: str = "tiny-random-llama"):
+    return make_engine("hf", model, dtype="fp32", max_model_len=64, decode=decode)
+
+
+def _sample(decode: str, params, adapter=None, history=(), seed: int = 0):
+    """Completions of PROMPTS in a seeded scope, after sampling with each of ``history``."""
+    with _engine(decode) as engine:
+        for used in history:
+            engine.generate(PROMPTS, SETTINGS[0], adapter=used)
+        with engine.seeded(seed):
+            return engine.generate(PROMPTS, params, adapter=adapter)
+
+
+def _save(policy, folder, seed: int) -> str:
+    randomise_lora_b(policy, seed)  # a non-zero adapter: LoRA changes the outputs
+    save_adapter(policy, folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory) -> list[str]:
+    root = tmp_path_factory.mktemp("adapters")
+    policy = load_policy(resolve_model("tiny-random-llama"), lora=LoraSettings())
+    return [_save(policy, root / f"a{seed}", seed) for seed in (1, 2)]
+
+
+def _assert_same(static, generated) -> None:
+    assert [c.token_ids for c in static] == [c.token_ids for c in generated]
+    assert [c.finish_reason for c in static] == [c.finish_reason for c in generated]
+    for s, g in zip(static, generated, strict=True):
+        assert s.logprobs == pytest.approx(g.logprobs, abs=1e-5)
+
+
+@pytest.mark.parametrize("params", SETTINGS, ids=["t1", "t0.7-topk-topp", "greedy"])
+@pytest.mark.parametrize("with_adapter", [False, True], ids=["base", "lora"])
+def test_static_samples_what_generate_samples(adapters, params, with_adapter):
+    adapter = adapters[0] if with_adapter else None
+    generated = _sample("generate", params, adapter)
+    static = _sample("static", params, adapter)
+    _assert_same(static, generated)
+    assert len({tuple(c.token_ids) for c in static}) > 1  # rows differ: a real sample
+
+
+def test_the_adapter_changes_the_static_samples(adapters):
+    base = _sample("static", SETTINGS[0])
+    lora = _sample("static", SETTINGS[0], adapters[0])
+    assert [c.logprobs for c in base] != [c.logprobs for c in lora]
+
+
+def test_static_stops_where_generate_stops(adapters):
+    free = _sample("generate", SETTINGS[0], adapters[0])
+    # a token some rows sample mid-way: those rows stop there, the others run on
+    stop = free[0].token_ids[3]
+    params = SamplingParams(temperature=1.0, max_tokens=10, stop_token_ids=(stop,))
+    generated = _sample("generate", params, adapters[0])
+    static = _sample("static", params, adapters[0])
+    _assert_same(static, generated)
+    assert "stop" in [c.finish_reason for c in static]
+    assert static[0].token_ids[-1] == stop
+
+
+def test_a_new_adapter_version_is_merged_anew(tmp_path):
+    policy = load_policy(resolve_model("tiny-random-llama"), lora=LoraSettings())
+    folder = _save(policy, tmp_path / "adapter", 1)
+    with _engine("static") as engine:
+        with engine.seeded(0):
+            first = engine.generate(PROMPTS, SETTINGS[0], adapter=folder)
+        _save(policy, folder, 2)  # the trainer publishes a new version in the same folder
+        stat = os.stat(folder + "/adapter_model.safetensors")
+        os.utime(folder + "/adapter_model.safetensors", ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
+        with engine.seeded(0):
+            second = engine.generate(PROMPTS, SETTINGS[0], adapter=folder)
+    assert [c.logprobs for c in first] != [c.logprobs for c in second]
+    fresh = _sample("generate", SETTINGS[0], folder)
+    _assert_same(second, fresh)
+
+
+def test_loading_order_does_not_leak(adapters):
+    first, second = adapters
+    fresh = _sample("static", SETTINGS[0], second)
+    after_others = _sample("static", SETTINGS[0], second, history=[first, None, second, first])
+    assert [c.token_ids for c in after_others] == [c.token_ids for c in fresh]
+    assert [c.logprobs for c in after_others] == [c.logprobs for c in fresh]
+    base_after = _sample("static", SETTINGS[0], None, history=[first, second])
+    base_fresh = _sample("static", SETTINGS[0], None)
+    assert [c.logprobs for c in base_after] == [c.logprobs for c in base_fresh]
+
+
+def test_merged_cache_keeps_max_loras_versions(adapters):
+    with make_engine(
+        "hf", "tiny-random-llama", dtype="fp32", max_model_len=64, decode="static", max_loras=1
+    ) as engine:
+        for adapter in (*adapters, None):
+            engine.generate(PROMPTS[:1], SETTINGS[0], adapter=adapter)
+        assert len(engine._decoders) == 2  # the newest adapter and the base
+
+
+def test_an_unsupported_model_falls_back_to_generate(caplog):
+    with caplog.at_level(logging.WARNING):
+        engine = _engine("static", "tiny-random-qwen3")
+    with engine:
+        assert engine.decode == "generate"
+        out = engine.generate(PROMPTS[:2], SETTINGS[0])
+    assert "does not support" in caplog.text
+    assert all(len(c.token_ids) == len(c.logprobs) > 0 for c in out)
+
+
+def test_a_bad_decode_name_is_rejected_before_loading():
+    with pytest.raises(ValueError, match="decode must be one of"):
+        make_engine("hf", "tiny-random-llama", decode="fast")
+
+
+def _draw_after(decode: str) -> torch.Tensor:
+    with _engine(decode) as engine:  # starting seeds torch's global stream with the engine's seed
+        engine.generate(PROMPTS, SETTINGS[0])
+    return torch.rand(3)
+
+
+def test_static_decoding_moves_the_global_stream_as_generate_does():
+    assert torch.equal(_draw_after("static"), _draw_after("generate"))
