@@ -150,13 +150,23 @@ def plan_jobs(out: Path, runs: list[str], seeds: list[int], iterations: int, lr:
 
 
 def run_jobs(
-    jobs: list[Any], workers: int, body: Callable[[Any], dict[str, Any]] = run_job
+    jobs: list[Any],
+    workers: int,
+    body: Callable[[Any], dict[str, Any]] = run_job,
+    announce: Callable[[Any, dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``jobs`` on ``workers`` fresh processes (in this one when 1), printing each as it
-    ends. ``body`` runs one job (a module-level function, so spawned workers can import it).
-    The first failure, or Ctrl-C, terminates the workers and is raised."""
+    ends (``announce(job, result)``; default: the demo's line). ``body`` runs one job (a
+    module-level function, so spawned workers can import it). The first failure, or Ctrl-C,
+    terminates the workers and is raised."""
+    say = announce or _announce_demo
+
+    def done(job: Any, result: dict[str, Any]) -> dict[str, Any]:
+        say(job, result)
+        return result
+
     if workers == 1:
-        return [_announce(job, body(job)) for job in jobs]
+        return [done(job, body(job)) for job in jobs]
     results: dict[int, dict[str, Any]] = {}
     # one process per job (maxtasksperchild=1): each starts with its own threads and engine;
     # leaving the with-block terminates the pool, so an error does not wait for other runs
@@ -164,12 +174,12 @@ def run_jobs(
         pending = {i: pool.apply_async(body, (job,)) for i, job in enumerate(jobs)}
         while pending:
             for i in [i for i, result in pending.items() if result.ready()]:
-                results[i] = _announce(jobs[i], pending.pop(i).get())  # re-raises its error
+                results[i] = done(jobs[i], pending.pop(i).get())  # re-raises its error
             time.sleep(0.2)
     return [results[i] for i in range(len(jobs))]
 
 
-def _announce(job: Job, result: dict[str, Any]) -> dict[str, Any]:
+def _announce_demo(job: Job, result: dict[str, Any]) -> None:
     if "accuracy_before" in result:
         print(f"base model: held-out accuracy {result['accuracy_before']:.3f}", flush=True)
     else:
@@ -177,7 +187,6 @@ def _announce(job: Job, result: dict[str, Any]) -> dict[str, Any]:
         name = getattr(job, "name", "") or job.label  # a benchmark's own jobs have no name
         print(f"{name}, seed {job.seed}: entropy {e[0]:.3f} -> {e[-1]:.3f} "
               f"({result['wall_s']:.0f} s)", flush=True)  # fmt: skip
-    return result
 
 
 def run_demo(

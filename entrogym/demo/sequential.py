@@ -140,6 +140,19 @@ def pass_at_k_of(job: PassJob) -> dict[str, float]:
     return {**scores, "distinct": summary.get("distinct_correct_mean")}
 
 
+def announce(job: TrainJob | PassJob, result: dict[str, Any]) -> None:
+    """One line per finished job."""
+    if isinstance(job, PassJob):
+        scores = " ".join(f"@{k}={v:.3f}" for k, v in result["pass_at_k"].items()
+                          if k.isdigit())  # fmt: skip
+        print(f"pass@k on A, {job.label}, seed {job.seed}: {scores}", flush=True)
+        return
+    reward, entropy = result["reward"], result["entropy"]
+    print(f"stage {job.stage}, {job.label}, seed {job.seed}: entropy {entropy[0]:.3f} -> "
+          f"{entropy[-1]:.3f}, reward {reward[0]:.3f} -> {reward[-1]:.3f} "
+          f"({result['wall_s']:.0f} s)", flush=True)  # fmt: skip
+
+
 def final_adapter(folder: Path) -> str:
     """The adapter of a finished run's last checkpoint."""
     checkpoints = sorted((folder / "checkpoints").glob("iter-*[0-9]"))
@@ -208,9 +221,9 @@ class Plan:
         for job, spec in zip(self.stage1_jobs(), specs, strict=True):
             config, seed = job.config, job.seed
             unlabelled = parse_run(split_run(spec)[1])[1]  # a folder named before NAME= labels
-            root = self.stage1_from / f"seed{seed}"
-            if (root / "stage1").is_dir():  # a sequential run's out
-                root = self.stage1_from / "stage1" / f"seed{seed}"
+            # a sequential run's out holds stage1/seedS/RUN, a demo's seedS/RUN
+            nested = (self.stage1_from / "stage1").is_dir()
+            root = self.stage1_from / ("stage1" if nested else ".") / f"seed{seed}"
             folder = _run_folder(root, Path(config.out).name, unlabelled)
             last = Path(final_adapter(folder)).parent.name
             if last != f"iter-{self.stage1_iterations - 1:06d}":
@@ -249,7 +262,7 @@ def run_sequential(plan: Plan) -> dict[str, Any]:
     print(f"stage 1: {len(plan.runs)} run(s) x {len(plan.seeds)} seed(s) on task A "
           f"({plan.stage1_iterations} iterations)", flush=True)  # fmt: skip
     if plan.stage1_from is None:
-        stage1 = run_jobs(plan.stage1_jobs(), plan.workers, body=run_sequential_job)
+        stage1 = run_jobs(plan.stage1_jobs(), plan.workers, run_sequential_job, announce)
     else:
         stage1 = plan.reused_stage1()
         print(f"stage 1: reused from {plan.stage1_from}", flush=True)
@@ -259,7 +272,7 @@ def run_sequential(plan: Plan) -> dict[str, Any]:
     second.append(plan.pass_job("base model", plan.seeds[0], None))
     print(f"stage 2: {len(stage1)} run(s) on task B ({plan.stage2_iterations} iterations), "
           f"and pass@k of {len(stage1) + 1} policies on A", flush=True)  # fmt: skip
-    results = run_jobs(second, plan.workers, body=run_sequential_job)
+    results = run_jobs(second, plan.workers, run_sequential_job, announce)
     summary = summarize(plan, stage1, results, time.perf_counter() - start)
     plan.out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(plan.out / "summary.json", json.dumps(summary, indent=2) + "\n")

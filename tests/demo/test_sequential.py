@@ -48,7 +48,7 @@ def test_sequential_runs_both_stages_and_writes_the_summary(
     # a second B from the same stage 1: --stage1-from reuses the finished runs
     again = tmp_path / "again"
     argv = ["sequential", *TINY, "--out", str(again), "--runs", *runs, "--stage1-from", str(out)]
-    assert main(argv) == 0
+    assert main(argv) == 0, capsys.readouterr().err
     reused = json.loads((again / "summary.json").read_text())
     for first, second in zip(summary["runs"], reused["runs"], strict=True):
         assert second["stage1"]["entropy"] == first["stage1"]["entropy"]
