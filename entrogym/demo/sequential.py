@@ -259,9 +259,9 @@ def run_sequential(plan: Plan) -> dict[str, Any]:
 
     start = time.perf_counter()
     resolve_model(plan.model or AGENT.model)  # dequantise the GGUF once, before the workers
-    print(f"stage 1: {len(plan.runs)} run(s) x {len(plan.seeds)} seed(s) on task A "
-          f"({plan.stage1_iterations} iterations)", flush=True)  # fmt: skip
     if plan.stage1_from is None:
+        print(f"stage 1: {len(plan.runs)} run(s) x {len(plan.seeds)} seed(s) on task A "
+              f"({plan.stage1_iterations} iterations)", flush=True)  # fmt: skip
         stage1 = run_jobs(plan.stage1_jobs(), plan.workers, run_sequential_job, announce)
     else:
         stage1 = plan.reused_stage1()
