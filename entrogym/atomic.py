@@ -48,17 +48,19 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
         tmp.write_text(text, encoding="utf-8")
 
 
-def swap_in_folder(tmp: Path, final: Path) -> Path:
+def swap_in_folder(tmp: Path, final: Path, parked: Path | None = None) -> Path:
     """Move a fully written folder ``tmp`` to ``final``, replacing any previous one by renames.
 
-    Between the two renames a reader may briefly find no folder, never a half-written one.
+    Between the two renames a reader may briefly find no folder, never a half-written one. The
+    previous folder is parked at ``parked`` (default ``.NAME.old-PID`` beside it) until the new
+    one is in place, then removed.
     """
     if final.exists():
-        old = final.with_name(f".{final.name}.old-{os.getpid()}")
-        os.rename(final, old)
-        os.rename(tmp, final)
+        old = parked or final.with_name(f".{final.name}.old-{os.getpid()}")
+        os.replace(final, old)
+        os.replace(tmp, final)
         shutil.rmtree(old, ignore_errors=True)
     else:
-        os.rename(tmp, final)
+        os.replace(tmp, final)
     fsync_dir(final.parent)
     return final

@@ -38,9 +38,10 @@ from entrogym.algos import (
     sampled_entropy,
     token_entropy_from_logits,
 )
+from entrogym.theory.lab_report import entry_label, summarize, write_outputs
 from entrogym.theory.tabular import INITS, TabularSoftmaxPolicy, initial_logits
 from entrogym.theory.temperature import attach_temperature_samples
-from entrogym.train.algo_spec import label, merge_specs, parse_label, resolve_algorithm
+from entrogym.train.algo_spec import merge_specs, parse_label, resolve_algorithm
 
 OPTIMIZERS = ("sgd", "adam")
 # Beside the paper-cap presets, `entrogym bandit` runs these variants scaled to the toy, taken
@@ -165,11 +166,6 @@ class LabConfig:
 
 def _as_dict(value: Any) -> dict[str, Any]:
     return {"name": value} if isinstance(value, str) else dict(value or {})
-
-
-def entry_label(entry: str) -> str:
-    """An entry's label as tables show it (its spelling normalised)."""
-    return label(parse_label(entry))
 
 
 def _optimizer(lab: LabConfig, policy: torch.nn.Module) -> torch.optim.Optimizer:
@@ -314,7 +310,6 @@ def run_one(
 
 def run_lab(lab: LabConfig, out: Path | None = None, progress: bool = False) -> dict[str, Any]:
     """Every preset x seed; writes metrics.jsonl, summary.json and entropy.png when ``out``."""
-    from entrogym.theory.lab_report import summarize, write_outputs
 
     lab.validate()
     # Tiny tensors: one thread avoids oversubscription on shared cores (measured 20x faster).

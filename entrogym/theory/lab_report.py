@@ -11,6 +11,7 @@ import numpy as np
 
 from entrogym.algos import ALGORITHMS, AlgorithmConfig
 from entrogym.atomic import atomic_path, atomic_write_text
+from entrogym.train.algo_spec import label as spec_label
 from entrogym.train.algo_spec import parse_label
 from entrogym.train.tracking import max_excursion, tracking_error
 
@@ -44,10 +45,13 @@ def tracking(entropy: np.ndarray, target: np.ndarray) -> tuple[float, float]:
     return float(np.mean(errors)), float(max(excursions))
 
 
+def entry_label(entry: str) -> str:
+    """An entry's label as tables show it (its spelling normalised)."""
+    return spec_label(parse_label(entry))
+
+
 def _configs(lab: Any) -> dict[str, AlgorithmConfig]:
     """Each run's algorithm by the label rows carry (entries the lab resolves)."""
-    from entrogym.theory.lab import entry_label
-
     return {entry_label(entry): lab.algorithm(entry) for entry in getattr(lab, "algos", [])}
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from entrogym.atomic import atomic_write_text, fsync_dir
+from entrogym.atomic import atomic_write_text, fsync_dir, swap_in_folder
 from entrogym.train import distributed
 from entrogym.train.checkpoint_verify import (
     ADAPTER_DIR,
@@ -151,24 +151,17 @@ def _write_folder(
     _fsync_tree(tmp)
 
 
-def _swap_into_place(tmp: Path, final: Path) -> None:
-    # Like entrogym.atomic.swap_in_folder, but the parked folder is named ``NAME.old-PID`` so
-    # that checkpoint_verify.remove_stale_tmp can put it back after a kill mid-swap.
-    if final.exists():  # saving the same iteration twice: the newer save wins
-        old = final.with_name(f"{final.name}.old-{os.getpid()}")
-        os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, final)
-    fsync_dir(final.parent)
+def _parked(final: Path) -> Path:
+    """Where a save of the same iteration parks the earlier one while it swaps in: named
+    ``NAME.old-PID`` so that checkpoint_verify.remove_stale_tmp can put it back after a kill."""
+    return final.with_name(f"{final.name}.old-{os.getpid()}")
 
 
 def _undo_failed_save(tmp: Path, final: Path, exc: BaseException) -> BaseException:
     """Remove the partial folder, put back a swapped-out earlier save, and return the error
     to raise: a full disk says so, whatever layer noticed it."""
     shutil.rmtree(tmp, ignore_errors=True)
-    old = final.with_name(f"{final.name}.old-{os.getpid()}")
+    old = _parked(final)
     if old.exists() and not final.exists():  # failed mid-swap: put the earlier save back
         os.replace(old, final)
     intact = f"earlier checkpoints in {final.parent} are intact."
@@ -241,7 +234,7 @@ def save_checkpoint(
             optimizer_state=optimizer_state,
             sampler_weights=sampler_weights,
         )
-        _swap_into_place(tmp, final)
+        swap_in_folder(tmp, final, parked=_parked(final))
     except BaseException as exc:
         error = _undo_failed_save(tmp, final, exc)
         if error is exc:

@@ -16,7 +16,8 @@ import psutil
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+from tiny_llama import tiny_llama_config
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from entrogym.agents.agent import LLMAgent
 from entrogym.agents.engines import SamplingParams, make_engine
@@ -208,15 +209,8 @@ def test_rollouts_are_token_exact(engine, tokenizer):
 
 
 def test_bad_adapters_are_rejected(engine, path, tmp_path):
-    other = LlamaConfig(
-        vocab_size=49152,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-    )
+    other = tiny_llama_config(vocab_size=49152, hidden_size=64, intermediate_size=128,
+                              num_attention_heads=2, num_key_value_heads=1, head_dim=32)  # fmt: skip
     model = get_peft_model(
         AutoModelForCausalLM.from_config(other),
         LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"),

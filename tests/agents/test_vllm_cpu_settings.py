@@ -9,7 +9,7 @@ import sys
 import types
 
 import pytest
-from transformers import LlamaConfig
+from tiny_llama import tiny_llama_config
 
 from entrogym.agents.config import AgentConfig
 from entrogym.agents.engines.vllm_engine import VLLMEngine
@@ -36,14 +36,7 @@ def clean_env(monkeypatch):
 @pytest.fixture
 def tiny(tmp_path) -> str:
     """A config-only model folder: 2 layers, 4 heads of 8 dims, 2 KV heads."""
-    LlamaConfig(
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        hidden_size=32,
-        intermediate_size=64,
-        vocab_size=100,
-    ).save_pretrained(tmp_path)
+    tiny_llama_config(vocab_size=100).save_pretrained(tmp_path)
     return str(tmp_path)
 
 

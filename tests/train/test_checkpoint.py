@@ -15,6 +15,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from tiny_llama import tiny_llama_config
 
 from entrogym.train import checkpoint as ckpt
 from entrogym.train.checkpoint import (
@@ -34,16 +35,9 @@ BASE = "tiny-llama-test"
 
 def _tiny_base():
     """A tiny random LlamaForCausalLM, the same weights every call."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    config = LlamaConfig(
-        vocab_size=256,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
+    config = tiny_llama_config()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         return LlamaForCausalLM(config)
