@@ -138,3 +138,20 @@ class PeakRss:
         self._stop.set()
         self._thread.join()
         return self.peak / 2**20
+
+
+def demo_prompts(model: str, tasks: int, k: int) -> tuple[object, list[list[int]]]:
+    """The demo's agent for ``model`` and the token ids of its first ``tasks`` training prompts,
+    each ``k`` times (a group of K rollouts per task): the rollout benchmarks' workload."""
+    from entrogym.agents.agent import LLMAgent
+    from entrogym.demo import AGENT, ENV, ENV_KWARGS
+    from entrogym.envs.base import make_text_env, task_ids_of
+
+    env = make_text_env(ENV, **ENV_KWARGS)
+    agent = LLMAgent.from_model(model, **AGENT.agent_kwargs())
+    prompts = []
+    for task in task_ids_of(env, "train")[:tasks]:
+        obs, _ = env.reset(options={"task_id": task})
+        prompts += [agent.start(obs).token_ids] * k
+    env.close()
+    return agent, prompts

@@ -34,12 +34,11 @@ import time
 from pathlib import Path
 
 import torch
+from bench_common import demo_prompts
 from jsonargparse import ArgumentParser
 
-from entrogym.agents.agent import LLMAgent
 from entrogym.agents.engines import SamplingParams, make_engine
-from entrogym.demo import AGENT, ENV, ENV_KWARGS
-from entrogym.envs.base import make_text_env, task_ids_of
+from entrogym.demo import AGENT
 from entrogym.models import resolve_model
 from entrogym.train.policy import LoraSettings, load_policy, save_adapter
 
@@ -138,13 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtypes", type=list[str], default=["fp32", "bf16"])
     p.add_argument("--decodes", type=list[str], default=["generate", "static"])
     args = p.parse_args(argv)
-    env = make_text_env(ENV, **ENV_KWARGS)
-    agent = LLMAgent.from_model(args.model, **AGENT.agent_kwargs())
-    prompts = []
-    for task in task_ids_of(env, "train")[: args.tasks]:
-        obs, _ = env.reset(options={"task_id": task})
-        prompts += [agent.start(obs).token_ids] * args.k
-    env.close()
+    agent, prompts = demo_prompts(args.model, args.tasks, args.k)
     params = SamplingParams(max_tokens=args.budget, temperature=1.0, ignore_eos=True)
     policy = load_policy(resolve_model(args.model), lora=LoraSettings())
     base = policy.get_base_model()

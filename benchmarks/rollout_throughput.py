@@ -31,13 +31,11 @@ from jsonargparse import ArgumentParser
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_common import PeakRss  # noqa: E402
+from bench_common import PeakRss, demo_prompts  # noqa: E402
 
 import entrogym  # noqa: E402, F401
-from entrogym.agents.agent import LLMAgent  # noqa: E402
 from entrogym.agents.engines import SamplingParams, make_engine  # noqa: E402
-from entrogym.demo import AGENT, ENV, ENV_KWARGS  # noqa: E402
-from entrogym.envs.base import make_text_env, task_ids_of  # noqa: E402
+from entrogym.demo import AGENT  # noqa: E402
 
 
 def measure(kind: str, prompts: list[list[int]], params: SamplingParams, args) -> dict:
@@ -99,13 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         from entrogym.train.precision import apply_threads
 
         apply_threads(args.threads)
-    env = make_text_env(ENV, **ENV_KWARGS)
-    agent = LLMAgent.from_model(args.model, **AGENT.agent_kwargs())
-    prompts = []
-    for task in task_ids_of(env, "train")[: args.tasks]:
-        obs, _ = env.reset(options={"task_id": task})
-        prompts += [agent.start(obs).token_ids] * args.k
-    env.close()
+    agent, prompts = demo_prompts(args.model, args.tasks, args.k)
     params = SamplingParams(
         max_tokens=args.budget, temperature=1.0, stop_token_ids=agent.stop_token_ids
     )
