@@ -110,7 +110,12 @@ def run_sequential_job(job: TrainJob | PassJob) -> dict[str, Any]:
     """Body of one pool process."""
     if isinstance(job, PassJob):
         return {"label": job.label, "seed": job.seed, "pass_at_k": pass_at_k_of(job)}
-    return {"label": job.label, "seed": job.seed, "stage": job.stage, **train_one(job.config)}
+    from entrogym.demo.log_labels import labelled_output
+
+    name = f"{job.label} s{job.seed} stage{job.stage}"
+    with labelled_output(name, job.config.algorithm().name):
+        record = train_one(job.config)
+    return {"label": job.label, "seed": job.seed, "stage": job.stage, **record}
 
 
 def pass_at_k_of(job: PassJob) -> dict[str, float]:
