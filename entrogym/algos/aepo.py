@@ -13,7 +13,8 @@ its abstract, not its numbered equations, so the docstrings cite the section and
 Registered here: the ``aepo`` lever (coefficient: the temperature; a larger T means more
 entropy) and the ``aepo`` controller (the paper's switch). The samples come from the caller:
 before each iteration's update it draws them at ``control.coefficient`` and hands them to the
-lever with :meth:`Aepo.attach` (the bandit lab does, ``entrogym.theory.temperature``).
+lever with :meth:`Aepo.attach` (the bandit lab, ``entrogym.theory.temperature``, and the LLM
+trainer, ``Trainer._attach_temperature_samples`` in ``entrogym.train.trainer``).
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ class AepoParams:
 class Aepo(Lever):
     """AEPO: adds ``aepo_reinforce_loss`` on the samples the caller drew at temperature T (the
     coefficient) to every minibatch's loss. A caller that draws none gets an error at the first
-    loss: the LLM trainer does not draw them yet; the bandit lab does."""
+    loss."""
 
     Params = AepoParams
     coefficient = Coefficient("temperature", init=1.2, min=0.8, max=1.2, signed=False)
@@ -122,9 +123,8 @@ class Aepo(Lever):
     ) -> torch.Tensor:
         if self.samples is None:
             raise ValueError(
-                "lever aepo needs samples drawn at its temperature each iteration "
-                "(Aepo.attach); the LLM trainer does not draw them yet: use it in "
-                "`entrogym bandit`, or choose another lever"
+                "lever aepo needs samples drawn at its temperature each iteration, "
+                "attached with Aepo.attach before the update; none were"
             )
         s = self.samples
         return aepo_reinforce_loss(s.score(), s.rewards, s.mask, self.params.alpha)

@@ -23,7 +23,8 @@ from entrogym.agents.env_workers import (
     EnvLimits,
     check_env_limits,
 )
-from entrogym.algos import AlgorithmConfig
+from entrogym.algos import LEVERS, AlgorithmConfig
+from entrogym.algos.aepo import Aepo
 from entrogym.dtypes import DTypeName
 from entrogym.models import LORA_TARGETS
 from entrogym.train.algo_spec import resolve_algorithm, typed_spec
@@ -180,6 +181,7 @@ class TrainConfig(AgentConfig):
                 f"micro_batch_tokens must be >= 1 or null, got {self.micro_batch_tokens}"
             )
         self._check_run_values()
+        self._check_lever_fits()
         self._check_learning_values()
         self._check_eval_values()
 
@@ -208,6 +210,16 @@ class TrainConfig(AgentConfig):
             raise ValueError(f"eval_samples must be >= 1, got {self.eval_samples}")
         if self.eval_tasks is not None and self.eval_tasks < 1:
             raise ValueError(f"eval_tasks must be >= 1 or unset, got {self.eval_tasks}")
+
+    def _check_lever_fits(self) -> None:
+        """What the chosen lever needs of the run, refused here rather than at the first loss."""
+        lever = self.algorithm().lever.name
+        if issubclass(LEVERS.get(lever), Aepo) and self.max_staleness:
+            raise ValueError(
+                f"lever {lever} draws its samples at temperature T from the current weights "
+                f"just before each update, so it runs synchronously only: pass --max-staleness 0 "
+                f"(got {self.max_staleness}) or choose another lever"
+            )
 
     def env_limits(self) -> EnvLimits:
         """How the run's envs are isolated (``env_workers``, ``env_timeout``, memory)."""

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from entrogym.algos import EntropyControl, UpdateBatch, policy_update, sampled_entropy
+from entrogym.algos.aepo import TemperatureSamples
 from entrogym.train import distributed
 from entrogym.train.checkpoint import load_adapter_into
 from entrogym.train.config import TrainConfig
@@ -120,6 +121,19 @@ class Learner:
             if need_entropy:
                 ent = distributed.gather_rows(ent, len(index), self.ranks).cpu()
         return lp, ent
+
+    def temperature_samples(self, batch: UpdateBatch) -> TemperatureSamples:
+        """The AEPO lever's view of ``batch``, samples drawn at its temperature T: their rewards
+        and action tokens, and a ``score`` that rescores every row under the current policy at
+        temperature 1 (fp32, with gradients, as a micro-batch of the update is scored). The
+        lever calls it once per micro-batch, so its rows' activations are held until that
+        micro-batch's backward."""
+        rows = torch.arange(len(batch))
+        return TemperatureSamples(
+            rewards=batch.rewards,
+            mask=batch.actions(rows),
+            score=lambda: self.score(batch, rows, need_entropy=False)[0],
+        )
 
     def backward(self, loss: torch.Tensor) -> None:
         """Back-propagate one micro-batch's weighted loss (scaled for fp16)."""

@@ -54,7 +54,8 @@ MARKER_FORMAT = 1
 RUN_FILES = (CONFIG_FILE, "metrics.jsonl", "checkpoints", ADAPTERS_DIR, "tb")
 
 # Fields a resume may change: they decide how long the run goes on, what is logged and
-# evaluated, how often it checkpoints, and where the engine runs -- never what is learned.
+# evaluated, how often it checkpoints, and where and how fast the engine runs -- never what is
+# learned (``engine_decode``'s two paths sample the same distribution).
 # ``micro_batch_size`` and ``micro_batch_tokens`` are here too: they bound activation memory and
 # do not change the update (gradients of a minibatch's micro-batches are accumulated), so a run
 # may resume on a smaller GPU; float sums in another order can differ in the last bits.
@@ -74,6 +75,7 @@ RESUMABLE_FIELDS = frozenset(
         "eval_tasks",
         "eval_samples",
         "engine_urls",
+        "engine_decode",
         "request_timeout",
         "threads",
         "max_lora_rank",

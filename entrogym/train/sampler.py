@@ -11,6 +11,7 @@ target probe's batches, and the held-out evaluation, which runs on the same engi
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import random
 import shutil
@@ -44,6 +45,9 @@ from entrogym.train.versions import Weights, WeightVersions
 # The probe batches of a target (``Sampler.probe_batches``) draw their tasks and seeds as these
 # iterations would: far past any run's end, so never a draw the run trains on.
 PROBE_ITERATION = 10**6
+# The AEPO lever's extra samples of iteration i (``Sampler.collect_at_temperature``) draw as
+# iteration TEMPERATURE_ITERATION + i would: past the probe's and any run's own draws.
+TEMPERATURE_ITERATION = 2 * 10**6
 
 
 class TrainingStopped(RuntimeError):
@@ -209,12 +213,58 @@ class Sampler:
         plus the rollout statistics of the metrics row. Safe to run in the rollout thread.
         Raises ``TrainingStopped`` when no usable episode came back."""
         cfg = self.cfg
-        version = it if version is None else version
         seed = iteration_seed(cfg.seed, it)
-        tasks = random.Random(seed).sample(self.tasks, cfg.tasks_per_iter)
-        t0 = time.perf_counter()
         # In an async run each batch samples from its own stream, whenever the thread gets to it.
         stream = self.engine.seeded(seed) if cfg.max_staleness else None
+        return self._rollouts(
+            it,
+            self._tasks_of(it),
+            version=it if version is None else version,
+            adapter=adapter,
+            temperature=cfg.temperature,
+            stream=stream,
+        )
+
+    def collect_at_temperature(
+        self, it: int, temperature: float, share: float
+    ) -> tuple[UpdateBatch, dict[str, Any]]:
+        """Rank 0: the AEPO lever's extra samples of iteration ``it`` (``entrogym.algos.aepo``):
+        the first ``ceil(share * tasks_per_iter)`` of its tasks, ``samples`` each, drawn at
+        ``temperature`` by the current weights (version ``it``). They draw their sampling
+        stream and env seeds as iteration ``TEMPERATURE_ITERATION + it`` would, so never what
+        the run's own batches draw, in a seeded scope that leaves the engine's stream for the
+        next batch as it was (``hf``)."""
+        cfg = self.cfg
+        tasks = self._tasks_of(it)[: math.ceil(share * cfg.tasks_per_iter)]
+        draw = TEMPERATURE_ITERATION + it
+        stream = self.engine.seeded(iteration_seed(cfg.seed, draw))
+        what = f"iteration {it}'s AEPO samples at temperature {temperature:g}"
+        return self._rollouts(draw, tasks, version=it, adapter=None, temperature=temperature,
+                              stream=stream, what=what)  # fmt: skip
+
+    def _tasks_of(self, it: int) -> list[str]:
+        """Iteration ``it``'s tasks: ``tasks_per_iter`` distinct ones of the split."""
+        return random.Random(iteration_seed(self.cfg.seed, it)).sample(
+            self.tasks, self.cfg.tasks_per_iter
+        )
+
+    def _rollouts(
+        self,
+        it: int,
+        tasks: list[str],
+        *,
+        version: int,
+        adapter: Path | None,
+        temperature: float,
+        stream: contextlib.AbstractContextManager[None] | None,
+        what: str | None = None,
+    ) -> tuple[UpdateBatch, dict[str, Any]]:
+        """``samples`` rollouts of each of ``tasks`` by weight ``version`` at ``temperature``,
+        inside ``stream`` (a seeded scope, or None: the engine's own stream), with the env
+        seeds iteration ``it`` draws; as a batch and its rollout statistics. ``what``: the
+        batch as an error names it (default: iteration ``it``)."""
+        cfg = self.cfg
+        t0 = time.perf_counter()
         with self._engine_lock, stream or contextlib.nullcontext():
             rollouts = collect_rollouts(
                 cfg.env,
@@ -222,13 +272,13 @@ class Sampler:
                 self.engine,
                 self.agent,
                 k=cfg.samples,
-                sampling=SamplingParams(temperature=cfg.temperature, ignore_eos=cfg.ignore_eos),
+                sampling=SamplingParams(temperature=temperature, ignore_eos=cfg.ignore_eos),
                 adapter=str(adapter or adapter_folder(self.run_dir, version)),
                 min_done_per_task=cfg.early_stop_min_per_task,
                 min_done_fraction=cfg.early_stop_fraction,
                 env_kwargs=cfg.env_kwargs,
                 # one env seed per episode: the iteration's episodes, counted from the run's start
-                seed=iteration_seed(cfg.seed, it * len(tasks) * cfg.samples),
+                seed=iteration_seed(cfg.seed, it * cfg.tasks_per_iter * cfg.samples),
                 env_workers=self.env_workers,
                 env_timeout=cfg.env_timeout,
                 # under torchrun, rank 0 alone collects: a stop is only taken between iterations
@@ -241,7 +291,8 @@ class Sampler:
             episode.info["policy_version"] = version
         episodes = usable_episodes([e for e in rollouts if not e.failed])
         if not episodes:
-            raise TrainingStopped(f"iteration {it}: no episode with action tokens came back")
+            what = what or f"iteration {it}"
+            raise TrainingStopped(f"{what}: no episode with action tokens came back")
         stats = {
             "success_rate": success_rate(episodes),
             "response_tokens_mean": sum(e.num_action_tokens for e in episodes) / len(episodes),

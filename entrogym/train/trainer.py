@@ -28,6 +28,7 @@ import torch
 from entrogym.agents.engines import Engine
 from entrogym.agents.rollout import EnvErrorBudgetExceeded, RolloutsInterrupted
 from entrogym.algos import EntropyControl, UpdateBatch
+from entrogym.algos.aepo import Aepo
 from entrogym.train import distributed
 from entrogym.train.checkpoint import read_training_state, rng_state, set_rng_state
 from entrogym.train.config import TrainConfig
@@ -162,6 +163,7 @@ class Trainer:
         self.phases.add("generation", rollout_stats.pop("generate_s"))
         self.phases.add("env", rollout_stats.pop("env_s"))
         staleness = it - batch.versions
+        temperature_stats = self._attach_temperature_samples(it)  # AEPO's lever only
 
         # 2. The preset's update: advantages, entropy control, clipped loss, steps. The old
         #    log-probs are rescored here in fp32 (never the engine's): by the update itself,
@@ -192,6 +194,7 @@ class Trainer:
             **metrics,
             "cumulative_entropy": self.state.cumulative_entropy,
             **rollout_stats,
+            **temperature_stats,
             "learner_tokens": int(batch.lengths.sum()),
             "staleness_mean": float(staleness.float().mean()),
             "staleness_max": int(staleness.max()),
@@ -204,6 +207,28 @@ class Trainer:
             "update_s": update_s,
             "grad_norm": grad_norm,
             "learner_ranks": self.ranks.world,
+        }
+
+    def _attach_temperature_samples(self, it: int) -> dict[str, Any]:
+        """The ``aepo`` lever's extra samples (``entrogym.algos.aepo``): drawn by the current
+        weights at the temperature T the controller holds now, for ``share`` of the
+        iteration's tasks (rank 0, broadcast), and attached to the lever with the learner's
+        fp32 scoring. Their metrics (T, how many, their mean reward); empty for other levers."""
+        lever = self.control.lever
+        if not isinstance(lever, Aepo):
+            return {}
+        temperature = float(self.control.coefficient)
+        share = lever.params.share
+        batch, stats = distributed.on_main(
+            lambda: self.sampler.collect_at_temperature(it, temperature, share), self.ranks
+        )
+        self.phases.add("generation", stats["generate_s"])
+        self.phases.add("env", stats["env_s"])
+        lever.attach(self.learner.temperature_samples(batch))
+        return {
+            "aepo_temperature": temperature,
+            "aepo_samples": len(batch),
+            "aepo_reward": float(batch.rewards.mean()),
         }
 
     def _probe_target(self) -> None:

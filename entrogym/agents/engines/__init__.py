@@ -30,6 +30,9 @@ from entrogym.agents.engines.base import (
 # The one source of truth for engine kinds (configs and command lines import it).
 EngineKind = Literal["auto", "vllm", "vllm-server", "hf"]
 ENGINE_KINDS: tuple[str, ...] = typing.get_args(EngineKind)
+# How the ``hf`` engine samples (``HFEngine(decode=...)``, ``--engine-decode``).
+DecodePath = Literal["generate", "static"]
+DECODE_PATHS: tuple[str, ...] = typing.get_args(DecodePath)
 # What ``auto`` means without CUDA: on the 2-core CPU this project measures on, ``hf`` starts
 # in under a second against vLLM-CPU's 28-40 s and peaks at 1.7 GB against 3.7 GB, which
 # outweighs vLLM's faster decoding over a demo-sized run (docs/performance.md).
@@ -46,8 +49,10 @@ def resolve_engine_kind(kind: str) -> str:
 
 
 __all__ = [
+    "DECODE_PATHS",
     "ENGINE_KINDS",
     "Completion",
+    "DecodePath",
     "Engine",
     "EngineDied",
     "EngineKind",

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from entrogym.agents.engines import DECODE_PATHS
 from entrogym.agents.engines.base import Completion, Engine, SamplingParams, engine_dtype
 from entrogym.agents.engines.shared_weights import model_on_tensors
 from entrogym.agents.engines.static_decode import (
@@ -31,7 +32,6 @@ from entrogym.agents.engines.static_decode import (
 from entrogym.agents.engines.vllm_engine import adapter_key
 
 log = logging.getLogger(__name__)
-DECODE_PATHS = ("generate", "static")
 
 # What one ``generate`` batch may hold at full context: its KV cache plus its logit buffers.
 # 2 GiB fits 11 SmolLM2-135M sequences of 4096 tokens in fp32, and the demo's 24 of 256 tokens
