@@ -46,11 +46,17 @@ class EntropyControl:
         return self.controller is not None and self.controller.params.estimator == "exact"
 
     @property
-    def needs_entropy(self) -> bool:
-        """Exact per-token entropies are needed: by the lever, the mask, a controller that
-        tracks them, or one fed after every optimizer step (it reads the minibatch's)."""
+    def loss_needs_entropy(self) -> bool:
+        """Every loss pass needs exact per-token entropies: for the lever, the mask, or a
+        controller fed after every optimizer step (it reads the minibatch's)."""
         lever_or_mask = self.lever.needs_entropy or self.mask.needs_entropy
-        return lever_or_mask or self.tracks_exact or self.steps_per_optimizer_step
+        return lever_or_mask or self.steps_per_optimizer_step
+
+    @property
+    def needs_entropy(self) -> bool:
+        """Exact per-token entropies are needed somewhere: by the loss, or by a controller that
+        tracks them (the policy's before the iteration's first step only)."""
+        return self.loss_needs_entropy or self.tracks_exact
 
     def batch_entropy(
         self, logprobs: torch.Tensor, entropies: torch.Tensor | None, mask: torch.Tensor

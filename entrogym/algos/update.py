@@ -211,7 +211,9 @@ def accumulate_minibatch(
                 exact = tally if control.needs_entropy else None
                 score_old_logprobs(batch, index, score, None, tally=exact)
             continue
-        logprobs, entropies = score(index, control.needs_entropy)
+        # a tracked exact entropy needs the rows scored before the first step, not later ones
+        need = control.loss_needs_entropy or (before_step and control.needs_entropy)
+        logprobs, entropies = score(index, need)
         batch.check_scores(index, logprobs)
         if reuse_scores:
             batch.store_old_logprobs(index, logprobs)

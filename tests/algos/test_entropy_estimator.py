@@ -48,14 +48,16 @@ def test_exact_batch_entropy_is_the_hand_softmax_entropy_over_the_masked_tokens(
 def _tabular_update(estimator: str, supply_old: bool):
     """One repo-r update of a 3-state tabular policy (a batch of 12 one-token rows); the
     scorer returns each row's exact entropy. Returns the control, the metrics and the hand
-    exact and sampled means of the batch."""
+    exact and sampled means of the batch, and the rows of each score call asked for entropies."""
     g = torch.Generator().manual_seed(5)
     logits = torch.nn.Parameter(torch.tensor(LOGITS, dtype=torch.float64))
     states = torch.arange(3).repeat_interleave(4)
     actions = torch.multinomial(torch.softmax(logits.detach(), -1)[states], 1, generator=g)
     actions = actions.flatten()
+    asked: list[int] = []  # rows of each score call asked for entropies (0: not asked)
 
     def score(index, need_entropy):
+        asked.append(len(index) if need_entropy else 0)
         logp = torch.log_softmax(logits[states[index]], -1)
         ent = -(logp.exp() * logp).sum(-1, keepdim=True) if need_entropy else None
         return logp.gather(1, actions[index, None]), ent
@@ -65,6 +67,7 @@ def _tabular_update(estimator: str, supply_old: bool):
     )
     control = EntropyControl(config)
     old = score(torch.arange(12), False)[0].detach() if supply_old else None
+    asked.clear()
     batch = UpdateBatch.build(config.advantage, rewards=(actions == 0).double(),
                               group_ids=states, mask=torch.ones(12, 1),
                               old_logprobs=old)  # fmt: skip
@@ -75,13 +78,15 @@ def _tabular_update(estimator: str, supply_old: bool):
     rows = list(zip(states.tolist(), actions.tolist(), strict=True))
     exact = sum(_hand_entropy(LOGITS[s]) for s, _ in rows) / len(rows)
     sampled = -sum(_hand_logprob(LOGITS[s], a) for s, a in rows) / len(rows)
-    return control, metrics, exact, sampled
+    return control, metrics, exact, sampled, asked
 
 
 @pytest.mark.parametrize("supply_old", [False, True])
 def test_the_controller_sees_the_exact_mean_when_it_tracks_the_exact_entropy(supply_old):
-    control, metrics, exact, sampled = _tabular_update("exact", supply_old)
+    control, metrics, exact, sampled, asked = _tabular_update("exact", supply_old)
     assert exact != pytest.approx(sampled, rel=1e-3)  # the two differ on this batch
+    # each row's entropy is asked for once, before the first step; the loss passes need none
+    assert sum(asked) == 12 and len(asked) > sum(a > 0 for a in asked)
     assert control.needs_entropy  # repo-r's lever needs none: the controller asks for them
     assert control.controller.last_entropy == pytest.approx(exact, rel=1e-9)
     assert control.target == pytest.approx(exact, rel=1e-9)
@@ -93,8 +98,8 @@ def test_the_controller_sees_the_exact_mean_when_it_tracks_the_exact_entropy(sup
 
 @pytest.mark.parametrize("supply_old", [False, True])
 def test_the_controller_sees_the_sampled_mean_when_asked(supply_old):
-    control, metrics, exact, sampled = _tabular_update("sampled", supply_old)
-    assert not control.needs_entropy  # the paper's estimator costs no entropy pass
+    control, metrics, exact, sampled, asked = _tabular_update("sampled", supply_old)
+    assert not control.needs_entropy and not any(asked)  # the paper's costs no entropy pass
     assert control.controller.last_entropy == pytest.approx(sampled, rel=1e-9)
     assert control.target == pytest.approx(sampled, rel=1e-9)
     assert metrics["entropy_tracked"] == metrics["entropy"] == pytest.approx(sampled, rel=1e-9)
