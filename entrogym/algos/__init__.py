@@ -28,6 +28,7 @@ from entrogym.algos.correction import CORRECTION_MODES, check_correction, sample
 from entrogym.algos.entropy import (
     centred_logprobs,
     entropy_bonus_loss,
+    exact_batch_entropy,
     high_entropy_tokens,
     importance_weighted_entropy,
     repo_d,
@@ -76,6 +77,7 @@ __all__ = [
     "clipped_policy_loss",
     "compute_advantages",
     "entropy_bonus_loss",
+    "exact_batch_entropy",
     "get_algorithm",
     "grpo",
     "high_entropy_tokens",

@@ -1,11 +1,12 @@
 """The entropy control of one run: an algorithm's lever, controller, token mask and target.
 
 ``EntropyControl`` is what ``policy_update`` consults: the lever's coefficient as the controller
-has set it, the clip range, whether the scorer must compute exact entropies, and where the
-controller is fed: ``observe`` once per iteration (the paper's step) and ``observe_step`` after
-every optimizer step (TRL's). The target is set by the first entropy the controller sees (a
-ratio of it, averaged with the initial policy's probe batches when ``controller.target_probe``
-asks the trainer for some) unless it is absolute (nats). ``state_dict`` / ``load_state_dict``
+has set it, the clip range, whether the scorer must compute exact entropies, which estimate of
+a batch's entropy the controller tracks (``controller.estimator``: ``batch_entropy``), and where
+the controller is fed: ``observe`` once per iteration (the paper's step) and ``observe_step``
+after every optimizer step (TRL's). The target is set by the first entropy the controller sees
+(a ratio of it, averaged with the initial policy's probe batches when ``controller.target_probe``
+asks the trainer for some, measured by the same estimator) unless it is absolute (nats). ``state_dict`` / ``load_state_dict``
 checkpoint it; loading refuses a state saved by another lever or controller.
 """
 
@@ -13,7 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from entrogym.algos.algorithm import AlgorithmConfig, make_controller, make_lever
+from entrogym.algos.entropy import exact_batch_entropy, sampled_entropy
 from entrogym.algos.masks import MASKS
 
 
@@ -36,10 +40,38 @@ class EntropyControl:
         return self.controller is not None and self.controller.params.step == "optimizer"
 
     @property
+    def tracks_exact(self) -> bool:
+        """The controller tracks the exact entropy (``controller.estimator: exact``); without a
+        controller nothing is tracked and the sampled estimate, free, is reported."""
+        return self.controller is not None and self.controller.params.estimator == "exact"
+
+    @property
+    def loss_needs_entropy(self) -> bool:
+        """Every loss pass needs exact per-token entropies: for the lever, the mask, or a
+        controller fed after every optimizer step (it reads the minibatch's)."""
+        lever_or_mask = self.lever.needs_entropy or self.mask.needs_entropy
+        return lever_or_mask or self.steps_per_optimizer_step
+
+    @property
     def needs_entropy(self) -> bool:
-        """Exact per-token entropies are needed: by the lever, the mask, or a controller fed
-        after every optimizer step (it reads the minibatch's exact entropy)."""
-        return self.lever.needs_entropy or self.mask.needs_entropy or self.steps_per_optimizer_step
+        """Exact per-token entropies are needed somewhere: by the loss, or by a controller that
+        tracks them (the policy's before the iteration's first step only)."""
+        return self.loss_needs_entropy or self.tracks_exact
+
+    def batch_entropy(
+        self, logprobs: torch.Tensor, entropies: torch.Tensor | None, mask: torch.Tensor
+    ) -> float:
+        """The entropy the controller tracks of one batch scored under one policy: the mean
+        exact entropy of ``entropies`` (scored with ``needs_entropy``) when it tracks the exact
+        one, else the sampled estimate from ``logprobs``, over ``mask``'s action tokens."""
+        if not self.tracks_exact:
+            return sampled_entropy(logprobs, mask)
+        if entropies is None:
+            raise ValueError(
+                "controller.estimator exact tracks exact entropies; score the batch with "
+                "need_entropy=True (EntropyControl.needs_entropy)"
+            )
+        return exact_batch_entropy(entropies, mask)
 
     @property
     def coefficient(self) -> float | None:
@@ -62,8 +94,8 @@ class EntropyControl:
     # ----- feedback ---------------------------------------------------------------------------
 
     def observe(self, entropy: float) -> None:
-        """One iteration's entropy (of the policy that collected its experience): recorded, and
-        fed to a controller that steps once per iteration."""
+        """One iteration's tracked entropy (``batch_entropy`` of the policy being trained, on
+        its experience): recorded, and fed to a controller that steps once per iteration."""
         self.history.append(entropy)
         self._set_target()
         stepwise = self.steps_per_optimizer_step
@@ -71,7 +103,8 @@ class EntropyControl:
             self.controller.update(entropy, self.target)
 
     def observe_probe(self, entropies: list[float]) -> None:
-        """The probe batches' entropies (``probe_batches``): averaged into the target."""
+        """The probe batches' entropies (``probe_batches``), each ``batch_entropy`` of one
+        batch (so by the controller's estimator): averaged into the target."""
         self.probe = list(entropies)
 
     def observe_step(self, entropy: float) -> None:

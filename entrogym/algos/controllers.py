@@ -7,12 +7,19 @@ dataclass; each update rule is one named function citing its source. Every contr
 * the **target**: a ratio of the first observed entropy (``target_unit: ratio``; 1.0 is the
   paper's "entropy of the first iteration") or an absolute entropy in nats
   (``target_unit: nats``, TRL's ``entropy_target``);
-* the **step**: once per iteration from the sampled entropy of the iteration's experience
+* the **step**: once per iteration from the entropy of the iteration's experience
   (``step: iteration``, the paper's), or after every optimizer step from the exact mean token
   entropy of that step's minibatch under the policy before the step (``step: optimizer``,
   TRL's);
+* the **estimator** of a batch's entropy: the mean exact token entropy -sum_v p log p over
+  the batch's action tokens (``estimator: exact``), or the mean surprisal -log p of the
+  sampled tokens there (``estimator: sampled``, the paper's); both estimate the same
+  quantity, the exact one with less spread between batches;
 * the coefficient's ``init``, ``min`` and ``max``; left unset they come from the lever
   (``entrogym.algos.levers.Coefficient``).
+
+The shared knobs are ``entrogym.algos.controller_params.ControllerParams`` (imported here, where
+each controller's own ``Params`` extends it).
 
 Controllers: ``fixed`` (no feedback), ``paper`` (the appendix listing: double or halve, flip
 the sign below ``min``), ``multiplicative`` (ADAPO's x1.05 / x0.95), ``additive`` (TRL's
@@ -24,81 +31,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
+from entrogym.algos.controller_params import ControllerParams
 from entrogym.algos.levers import Coefficient
 from entrogym.algos.registry import Registry
-
-TargetUnit = Literal["ratio", "nats"]
-StepEvery = Literal["iteration", "optimizer"]
-
-
-@dataclass(frozen=True)
-class ControllerParams:
-    """Knobs every controller has.
-
-    Args:
-        target: the target entropy: a ratio of the first observed entropy, or nats (see
-            target_unit).
-        target_unit: ``ratio`` (of the first observed entropy; the paper's target is 1.0) or
-            ``nats`` (an absolute target, as TRL's).
-        target_iterations: a ratio target is taken from the mean entropy of this many first
-            iterations (1: the first iteration's, the paper's). A small batch's entropy varies
-            by several percent between batches of one fixed policy (docs/demo.md), so a
-            one-batch reference can be off by more than the band a run is asked to hold;
-            until the target is known the controller does not move.
-        target_probe: a ratio target also averages this many extra batches, sampled from the
-            initial policy before the first update only to measure it (the trainer draws them
-            from the training split, as an iteration draws its tasks, and trains on none of
-            them): a target measured before any push, on more samples than one batch.
-        step: ``iteration`` (once per iteration, the paper's) or ``optimizer`` (after every
-            optimizer step, TRL's).
-        init: the coefficient's start value (unset: the lever's).
-        min: the coefficient's lower bound, or for the paper controller the smallest magnitude
-            before its sign flips (unset: the lever's; pi: -max for a lever that may go negative).
-        max: the coefficient's upper bound (its largest magnitude for a signed one; unset: the
-            lever's).
-    """
-
-    target: float = 1.0
-    target_unit: TargetUnit = "ratio"
-    target_iterations: int = 1
-    target_probe: int = 0
-    step: StepEvery = "iteration"
-    init: float | None = None
-    min: float | None = None
-    max: float | None = None
-
-    def __post_init__(self) -> None:
-        if not self.target > 0:
-            raise ValueError(f"algo.controller.target must be > 0, got {self.target}")
-        if self.target_unit not in ("ratio", "nats"):
-            raise ValueError(
-                f"algo.controller.target_unit must be ratio or nats, got {self.target_unit!r}"
-            )
-        if isinstance(self.target_iterations, bool) or not (
-            isinstance(self.target_iterations, int) and self.target_iterations >= 1
-        ):
-            raise ValueError(
-                f"algo.controller.target_iterations must be an integer >= 1, "
-                f"got {self.target_iterations!r}"
-            )
-        if isinstance(self.target_probe, bool) or not (
-            isinstance(self.target_probe, int) and self.target_probe >= 0
-        ):
-            raise ValueError(
-                f"algo.controller.target_probe must be an integer >= 0, got {self.target_probe!r}"
-            )
-        if self.step not in ("iteration", "optimizer"):
-            raise ValueError(
-                f"algo.controller.step must be iteration or optimizer, got {self.step!r}"
-            )
-        if self.max is not None and not self.max > 0:
-            raise ValueError(f"algo.controller.max must be > 0, got {self.max}")
-        if self.min is not None and self.max is not None and self.min > self.max:
-            raise ValueError(
-                f"algo.controller.min must be <= algo.controller.max, got {self.min} > {self.max}"
-            )
 
 
 class Controller:

@@ -91,6 +91,26 @@ def sampled_entropy(logprobs: torch.Tensor, mask: torch.Tensor) -> float:
     return float((-logprobs * mask).sum() / n)
 
 
+def exact_batch_entropy(token_entropies: torch.Tensor, mask: torch.Tensor) -> float:
+    """Mean over action tokens of the exact entropy H(pi(.|s_t)) = -sum_v pi(v|s_t) log pi(v|s_t)
+    at the sampled states (Rao-Blackwell, e.g. Casella & Robert, "Rao-Blackwellisation of
+    sampling schemes", Biometrika 1996).
+
+    The conditional expectation of :func:`sampled_entropy` given the states: the same mean at
+    the same states, without the spread of drawing one token at each. ``token_entropies[B, T]``
+    are the scorer's (``token_entropy_from_logits`` or ``entrogym.train.logprobs``).
+    """
+    token_entropies = as_float_tensor("token_entropies", token_entropies).detach()
+    if not isinstance(mask, torch.Tensor) or mask.shape != token_entropies.shape:
+        raise ValueError(
+            f"mask must have the shape of token_entropies {tuple(token_entropies.shape)}"
+        )
+    n = mask.sum()
+    if n == 0:
+        raise ValueError("mask selects no action tokens; cannot estimate entropy")
+    return float((token_entropies * mask).sum() / n)
+
+
 def importance_weighted_entropy(
     logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor
 ) -> float:

@@ -13,11 +13,17 @@ step (unscale, clip, step) and how to clear gradients; everything algorithmic ha
                               (+ lever.extra_loss) -> backward(weighted loss)
         step()                      (skipped when any part was non-finite)
         [controller fed every optimizer step: observe_step(the minibatch's exact entropy)]
-    [controller fed every iteration: observe(the experience's sampled entropy)]
+    [controller fed every iteration: observe(the experience's entropy, by its estimator)]
 
 The advantages are computed once, in ``UpdateBatch.build``. By default (the paper's) the
 controller moves once per iteration, after the update, from the entropy of the experience the
-iteration was trained on; its target is the entropy of the first iteration (paper Sec. 5).
+iteration was trained on; its target is the entropy of the first iteration (paper Sec. 5). The
+controller's ``estimator`` says which estimate of that entropy it tracks: the mean exact token
+entropy over the batch's action tokens (``exact``; the scorer then returns entropies, and a
+batch whose old log-probs the caller supplies pays one no-grad entropy pass before the first
+step) or the sampled surprisal (``sampled``). Every update reports both where they were
+computed, ``entropy`` (sampled) and ``entropy_exact``, and ``entropy_tracked``, the one the
+controller saw.
 
 Old log-probs: when ``batch.old_logprobs`` is ``None`` the update scores them itself. The rows of
 the first minibatch of the first epoch are still on-policy when they are scored for the loss,
@@ -29,7 +35,8 @@ Stale batches (``version`` given, rows sampled by older ``batch.versions``): the
 the sampling versions' log-probs as old log-probs, so every ratio's denominator is the policy
 that sampled its token. The entropy the controller sees is the policy being trained: the first
 minibatch's detached scores (taken before the first step, so they are that policy's) weighted
-against the sampler's (``importance_weighted_entropy``).
+against the sampler's (``importance_weighted_entropy``), or, tracking the exact entropy, the
+mean of the same scores' exact entropies over that minibatch's action tokens.
 """
 
 from __future__ import annotations
@@ -75,7 +82,8 @@ class _Tally:
         self.ratio_maxes: list[float] = []
         self.chunks = self.steps = self.skipped = 0
         self.step_entropy = [0.0, 0.0]  # [sum of H over trained tokens, their count]
-        # exact H of the sampling policy over the batch's action tokens [sum, count]
+        # exact H of the policy being trained, before its first step, over the batch's action
+        # tokens (a stale batch: its first minibatch's) [sum, count]
         self.exact_entropy = [0.0, 0.0]
 
     def add(self, metrics: dict[str, float], loss: torch.Tensor) -> None:
@@ -95,14 +103,14 @@ class _Tally:
         self.step_entropy[1] += float(mask.sum())
 
     def add_exact_entropy(self, entropies: torch.Tensor, mask: torch.Tensor) -> None:
-        """Accumulate exact token entropies of the sampling policy (rows scored before any
-        step of this update) for ``entropy_exact``."""
+        """Accumulate exact token entropies of the policy being trained (rows scored before
+        any step of this update) for ``entropy_exact``."""
         self.exact_entropy[0] += float((entropies.detach() * mask).sum())
         self.exact_entropy[1] += float(mask.sum())
 
     def exact_entropy_mean(self, action_tokens: float) -> float | None:
-        """``entropy_exact``: the sampling policy's mean exact token entropy over the batch, or
-        None unless every action token was scored with its entropy before the first step."""
+        """``entropy_exact``: the mean exact token entropy of the policy being trained over the
+        ``action_tokens`` tokens scored before the first step, or None unless all were."""
         total, count = self.exact_entropy
         return total / count if count > 0 and count == action_tokens else None
 
@@ -155,15 +163,18 @@ def score_old_logprobs(
     micro_batch_size: int | None,
     micro_batch_tokens: int | None = None,
     tally: _Tally | None = None,
+    store: bool = True,
 ) -> None:
     """Store the current policy's log-probs of ``rows`` as old log-probs (no gradients); with
-    ``tally``, also its exact entropies there (``entropy_exact``)."""
+    ``tally``, also its exact entropies there (``entropy_exact``). ``store=False`` keeps the
+    batch's old log-probs and only tallies the entropies."""
     if rows.numel() == 0:
         return
     with torch.no_grad():
         for index in batch.micro_batches(rows, micro_batch_size, micro_batch_tokens):
             logprobs, entropies = score(index, tally is not None)
-            batch.store_old_logprobs(index, logprobs)
+            if store:
+                batch.store_old_logprobs(index, logprobs)
             if tally is not None and entropies is not None:
                 tally.add_exact_entropy(entropies, batch.rows(index).mask)
 
@@ -188,21 +199,26 @@ def accumulate_minibatch(
     step, counted rather than raised (the formula functions reject such input from callers).
     ``reuse_scores``: the rows are on-policy, so their detached scores become old log-probs.
     ``current``: a ``[B, T]`` buffer that receives the rows' detached scores (the policy before
-    this minibatch's step).
+    this minibatch's step). In both cases the rows' exact entropies, where scored, are tallied
+    for ``entropy_exact``.
     """
     finite = True
     minibatch_mask = batch.mask[minibatch]
+    before_step = reuse_scores or current is not None
     for index in batch.micro_batches(minibatch, micro_batch_size, micro_batch_tokens):
         if not finite:  # the step is skipped: only old log-probs may still be needed
             if reuse_scores:
-                score_old_logprobs(batch, index, score, None)
+                exact = tally if control.needs_entropy else None
+                score_old_logprobs(batch, index, score, None, tally=exact)
             continue
-        logprobs, entropies = score(index, control.needs_entropy)
+        # a tracked exact entropy needs the rows scored before the first step, not later ones
+        need = control.loss_needs_entropy or (before_step and control.needs_entropy)
+        logprobs, entropies = score(index, need)
         batch.check_scores(index, logprobs)
         if reuse_scores:
             batch.store_old_logprobs(index, logprobs)
-            if entropies is not None:
-                tally.add_exact_entropy(entropies, batch.rows(index).mask)
+        if before_step and entropies is not None:
+            tally.add_exact_entropy(entropies, batch.rows(index).mask)
         if current is not None:
             current[index, : logprobs.shape[1]] = logprobs.detach()
         if not torch.isfinite(logprobs.detach()).all():
@@ -248,7 +264,9 @@ def policy_update(
     whose ``batch.versions`` are older make the batch stale (module doc). The entropy fed to
     the control is that of the policy being trained: ``sampled_entropy(old_logprobs, mask)``
     on a fresh batch, ``importance_weighted_entropy`` on a stale one (``entropy_sampler`` in
-    the metrics is the sampling policy's). Returns the iteration's metrics.
+    the metrics is the sampling policy's). A controller tracking the exact entropy is fed
+    ``entropy_exact``, the same policy's mean exact token entropy at the same tokens, instead
+    (``entropy_tracked`` in the metrics). Returns the iteration's metrics.
     """
     config = control.config
     stale = version is not None and batch.versions is not None
@@ -262,9 +280,14 @@ def policy_update(
     entropy = None if reuse or stale else sampled_entropy(batch.old_logprobs, batch.mask)
     sampler_entropy = None if reuse else sampled_entropy(batch.old_logprobs, batch.mask)
     current = torch.zeros(batch.mask.shape) if stale else None
-    if entropy is not None:
-        control.reference(entropy)
     tally = _Tally()
+    exact_tokens = float(batch.mask.sum())  # the tokens entropy_exact is the mean over
+    if entropy is not None and control.tracks_exact:  # supplied old log-probs: no pass yet
+        rows = torch.arange(len(batch))
+        score_old_logprobs(batch, rows, score, micro_batch_size, micro_batch_tokens, tally, False)
+    tracked = None if entropy is None else _tracked(control, entropy, tally, exact_tokens)
+    if tracked is not None:
+        control.reference(tracked)
     # Clip-Cov draws tokens at random: its own stream, so the minibatch order is untouched.
     lever_generator = None if generator is None else torch.Generator()
     if lever_generator is not None:
@@ -287,8 +310,8 @@ def policy_update(
             )
             if reuse:  # every old log-prob is known before the first step
                 rest = _other_rows(minibatch, len(batch))
-                # entropy_exact only where the loss needs entropies anyway: these rows then pay
-                # one vocabulary-wide entropy pass more, GRPO and the rest nothing
+                # entropy_exact only where the loss or the controller needs entropies: these
+                # rows then pay one vocabulary-wide entropy pass more, GRPO nothing
                 exact = tally if control.needs_entropy else None
                 score_old_logprobs(batch, rest, score, micro_batch_size, micro_batch_tokens, exact)
                 entropy = sampler_entropy = sampled_entropy(batch.old_logprobs, batch.mask)
@@ -299,9 +322,12 @@ def policy_update(
                 )
                 if not math.isfinite(entropy):  # a diverged score: the sampler's stands in
                     entropy = sampler_entropy
+                exact_tokens = float(batch.mask[minibatch].sum())
                 current = None
-            if entropy is not None and math.isfinite(entropy):
-                control.reference(entropy)  # the target, before the first step's feedback
+            if tracked is None:
+                tracked = _tracked(control, entropy, tally, exact_tokens)
+            if math.isfinite(tracked):
+                control.reference(tracked)  # the target, before the first step's feedback
             tally.count_step(step() if finite else False)
             step_entropy = tally.pop_step_entropy()
             if finite and step_entropy is not None:
@@ -311,7 +337,8 @@ def policy_update(
         **tally.summary(),
         "entropy": entropy,
         "entropy_sampler": sampler_entropy,
-        "entropy_exact": tally.exact_entropy_mean(float(batch.mask.sum())),
+        "entropy_exact": tally.exact_entropy_mean(exact_tokens),
+        "entropy_tracked": tracked,
         "reward_mean": float(batch.rewards.float().mean()),
         "zero_adv_groups": zero_advantage_groups(batch.advantages, batch.group_ids),
         "optimizer_steps": tally.steps,
@@ -319,6 +346,18 @@ def policy_update(
         **dict.fromkeys(CONTROL_METRICS),
         **control.metrics(),
     }
-    control.observe(entropy)
-    out.update(control.target_metrics(entropy))
+    control.observe(tracked)
+    out.update(control.target_metrics(tracked))
     return out
+
+
+def _tracked(control: EntropyControl, sampled: float, tally: _Tally, tokens: float) -> float:
+    """The entropy the controller tracks: the exact mean over ``tokens`` action tokens when it
+    tracks the exact one (the sampled estimate stands in where a diverged score made it
+    non-finite), else ``sampled``."""
+    if not control.tracks_exact:
+        return sampled
+    exact = tally.exact_entropy_mean(tokens)
+    if exact is None:  # a skipped micro-batch left tokens unscored: the step is skipped too
+        return sampled
+    return exact if math.isfinite(exact) else sampled

@@ -7,8 +7,10 @@ runs: advantages, REPO / ADAPO / bonus control, the preset's epochs x minibatche
 
 Logged per (algorithm, seed, iteration) in ``metrics.jsonl``:
 ``entropy`` exact mean state entropy of the policy after the iteration's update;
-``entropy_sampled`` the controllers' estimate (mean -log pi over the iteration's sampled arms,
-``sampled_entropy``) of the policy that collected the experience; ``reward`` exact expected
+``entropy_sampled`` the mean -log pi over the iteration's sampled arms (``sampled_entropy``) of
+the policy that collected the experience; ``entropy_tracked`` the estimate of that entropy the
+controller saw (``controller.estimator``: the exact mean state entropy over the sampled states,
+or ``entropy_sampled``); ``reward`` exact expected
 reward after the update; ``reward_sampled`` the experience's mean reward; clip fractions, KL,
 and the lever's coefficient (``zeta``, ``beta``, ``eps_high``, ...) as used in the iteration.
 
@@ -35,7 +37,6 @@ from entrogym.algos import (
     EntropyControl,
     UpdateBatch,
     policy_update,
-    sampled_entropy,
     token_entropy_from_logits,
 )
 from entrogym.theory.lab_report import entry_label, summarize, write_outputs
@@ -217,17 +218,19 @@ def _stepper(lab: LabConfig, policy: TabularSoftmaxPolicy, optimizer: torch.opti
 
 
 def _probe(
-    policy: TabularSoftmaxPolicy, states: torch.Tensor, batches: int, seed: int
+    control: EntropyControl, policy: TabularSoftmaxPolicy, states: torch.Tensor, seed: int
 ) -> list[float]:
-    """The sampled entropy of ``batches`` batches of the initial policy, drawn from their own
-    generator so the run's samples are those it draws without a probe."""
+    """The entropy of ``control.probe_batches`` batches of the initial policy, by the
+    controller's estimator, drawn from their own generator so the run's samples are those it
+    draws without a probe."""
     generator = torch.Generator().manual_seed(seed + 1_000_003)
     entropies = []
     with torch.no_grad():
-        for _ in range(batches):
+        for _ in range(control.probe_batches):
             actions = policy.sample(states, generator)
-            logprobs = policy.action_logprobs(states, actions)
-            entropies.append(sampled_entropy(logprobs, torch.ones_like(logprobs)))
+            score = _scorer(policy, states, actions)
+            logprobs, exact = score(torch.arange(len(states)), control.needs_entropy)
+            entropies.append(control.batch_entropy(logprobs, exact, torch.ones_like(logprobs)))
     return entropies
 
 
@@ -237,6 +240,7 @@ def _row(policy: TabularSoftmaxPolicy, means: torch.Tensor, m: dict[str, Any]) -
     return {
         "entropy": float(policy.state_entropies().mean()),
         "entropy_sampled": m["entropy"],
+        "entropy_tracked": m["entropy_tracked"],
         "reward": float(policy.expected_rewards(means).mean()),
         "reward_sampled": m["reward_mean"],
         **{k: m.get(k) for k in LOGGED_METRICS},
@@ -266,7 +270,7 @@ def run_one(
     means = torch.as_tensor(env.reward_means)
     states = torch.arange(lab.n_states).repeat_interleave(lab.samples_per_state)
     if control.probe_batches:  # a target measured before any push (controller.target_probe)
-        control.observe_probe(_probe(policy, states, control.probe_batches, seed))
+        control.observe_probe(_probe(control, policy, states, seed))
     initial = {
         "entropy": float(policy.state_entropies().mean()),
         "reward": float(policy.expected_rewards(means).mean()),

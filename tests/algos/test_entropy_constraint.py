@@ -140,16 +140,19 @@ def test_a_plain_bonus_of_the_same_size_does_not_stop_at_the_target():
     assert trace0[-1] > 1.2 * 1.4, trace0
 
 
-def test_the_ratio_target_is_the_first_iterations_entropy_also_for_step_feedback():
+@pytest.mark.parametrize("estimator", ["sampled", "exact"])
+def test_the_ratio_target_is_the_first_iterations_entropy_also_for_step_feedback(estimator):
     """Fed every optimizer step, the controller's ratio target is still taken from the first
-    iteration's entropy (the sampled entropy of its experience), known before the first step,
-    and the lever sees that target from the first step's feedback on."""
+    iteration's entropy (of its experience, by the controller's estimator), known before the
+    first step, and the lever sees that target from the first step's feedback on."""
     torch.manual_seed(1)
     logits = torch.nn.Parameter(torch.randn(4, 5))
     states = torch.arange(4).repeat_interleave(4)
     actions = torch.multinomial(torch.softmax(logits.detach(), -1)[states], 1).flatten()
+    start = torch.log_softmax(logits.detach(), -1)[states]
     config = build_algorithm({"name": "grpo", "lever": "entropy-constraint", "epochs": 1,
-                              "minibatch_size": 4})  # fmt: skip
+                              "minibatch_size": 4,
+                              "controller": {"name": "pi", "estimator": estimator}})  # fmt: skip
     control = EntropyControl(config)
     assert control.controller.params.step == "optimizer" and control.lever.target is None
 
@@ -165,8 +168,12 @@ def test_the_ratio_target_is_the_first_iterations_entropy_also_for_step_feedback
     metrics = policy_update(control, batch, score=score, backward=torch.Tensor.backward,
                             step=lambda: optimizer.step() or True,
                             zero_grad=optimizer.zero_grad)  # fmt: skip
-    expected = sampled_entropy(batch.old_logprobs, batch.mask)
-    assert control.target == pytest.approx(expected) == metrics["entropy"]
+    if estimator == "sampled":
+        expected = sampled_entropy(batch.old_logprobs, batch.mask)
+    else:
+        expected = float(-(start.exp() * start).sum(-1).mean())
+    assert control.target == pytest.approx(expected) == metrics["entropy_tracked"]
+    assert metrics["entropy"] == sampled_entropy(batch.old_logprobs, batch.mask)
     assert control.lever.target == control.target
     assert metrics["optimizer_steps"] == 4
 

@@ -57,7 +57,9 @@ def test_every_builtin_part_is_registered_and_presets_name_them():
         assert (control.controller is None) == (preset.lever.name == "none"), name
     # needs_entropy is read from the parts in use (REPO's depends on its centering)
     assert EntropyControl(ALGORITHMS["grpo-entropy-bonus"]).needs_entropy
-    assert not EntropyControl(ALGORITHMS["repo-r"]).needs_entropy
+    sampled = {"name": "repo-r", "controller": {"estimator": "sampled"}}
+    assert not EntropyControl(build_algorithm(sampled)).needs_entropy
+    assert EntropyControl(ALGORITHMS["repo-r"]).needs_entropy  # it tracks the exact entropy
     assert EntropyControl(ALGORITHMS["grpo-adaptive-entropy"]).needs_entropy  # per-step H
 
 
@@ -97,7 +99,7 @@ def test_knobs_belong_to_parts_and_wrong_ones_are_named():
     ) as e:
         build_algorithm({"name": "repo-r", "controller": {"kp": 0.5}})
     assert (
-        "its knobs: target, target_unit, target_iterations, target_probe, step, init, min, max, factor"
+        "its knobs: target, target_unit, target_iterations, target_probe, step, estimator, init, min, max, factor"
         in str(e.value)
     )
     assert "controllers that have it: pi" in str(e.value)

@@ -11,7 +11,9 @@ from entrogym.algos.update_batch import UpdateBatch
 
 
 def _repo(name: str, **lever: object) -> EntropyControl:
-    spec = {"name": name, "controller": {"init": 0.1, "max": 0.5}, "lever": lever}
+    # the sampled estimator: what needs entropies here is the lever's alone
+    controller = {"init": 0.1, "max": 0.5, "estimator": "sampled"}
+    spec = {"name": name, "controller": controller, "lever": lever}
     return EntropyControl(build_algorithm(spec))
 
 
@@ -81,7 +83,8 @@ def _update(centering: str) -> tuple[list[bool], torch.Tensor]:
         return lp, h.expand(len(index))[:, None] if need_entropy else None
 
     config = build_algorithm({"name": "repo-d", "epochs": 1, "minibatch_size": None,
-                              "controller": {"init": 0.5, "max": 0.5},
+                              "controller": {"init": 0.5, "max": 0.5,
+                                             "estimator": "sampled"},  # the lever's needs alone
                               "lever": {"centering": centering}})  # fmt: skip
     batch = UpdateBatch.build(
         config.advantage, rewards=torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 1.0]),

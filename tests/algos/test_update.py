@@ -76,9 +76,11 @@ def test_rloo_update_is_one_plain_policy_gradient_step():
     assert m["optimizer_steps"] == 1 and m["ratio_max"] == pytest.approx(1.0)
 
 
-def test_repo_r_uses_latest_logprobs_and_controller_moves_after_target():
+@pytest.mark.parametrize("estimator", ["sampled", "exact"])
+def test_repo_r_uses_latest_logprobs_and_controller_moves_after_target(estimator):
     logits, actions, rewards, groups = _tabular(seed=1)
-    cfg = build_algorithm({"name": "repo-r", "minibatch_size": 4})
+    controller = {"name": "paper", "estimator": estimator}
+    cfg = build_algorithm({"name": "repo-r", "minibatch_size": 4, "controller": controller})
     control = EntropyControl(cfg)
     old = torch.log_softmax(logits.detach(), -1)[actions][:, None]
     seen = []
@@ -97,7 +99,9 @@ def test_repo_r_uses_latest_logprobs_and_controller_moves_after_target():
         step=lambda: True,
     )
     assert len(seen) == cfg.epochs * 3  # 12 trajectories in minibatches of 4
-    assert control.target == pytest.approx(float(-old.mean()))
+    logp = torch.log_softmax(logits.detach(), -1)
+    first = float(-old.mean()) if estimator == "sampled" else float(-(logp.exp() * logp).sum())
+    assert control.target == pytest.approx(first)
     assert control.coefficient == 1e-3  # the lever's start; the first iteration sets the target
     control.observe(control.target - 1.0)  # entropy fell: zeta doubles
     assert control.coefficient == 2e-3

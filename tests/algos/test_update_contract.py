@@ -103,8 +103,13 @@ def test_reusing_on_policy_scores_equals_scoring_old_logprobs_first(preset):
     for a, b in zip(g1, g2, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
     assert m1.keys() == m2.keys()
-    # entropy_exact needs the update to score the sampling policy itself (the reusing path)
-    assert m2["entropy_exact"] is None
+    # entropy_exact with old log-probs supplied: only for a controller that tracks it (one
+    # no-grad pass); the reusing path has it wherever the loss or the controller needs entropies
+    if EntropyControl(cfg).tracks_exact:
+        assert m2["entropy_exact"] == pytest.approx(m1["entropy_exact"], rel=1e-6)
+        assert m2["entropy_tracked"] == m2["entropy_exact"]
+    else:
+        assert m2["entropy_exact"] is None
     for key in set(m1) - {"entropy_exact"}:
         expected = m2[key] if m2[key] is None else pytest.approx(m2[key], rel=1e-6, abs=1e-7)
         assert m1[key] == expected, key

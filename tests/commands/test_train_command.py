@@ -65,6 +65,7 @@ def test_every_lever_and_controller_trains_through_the_command(
     assert len(train) == 2
     for row in train:
         assert row[coefficient] is not None and row["entropy_target"] > 0
-        assert row["entropy_error"] == pytest.approx(row["entropy"] / row["entropy_target"] - 1)
+        tracked = row["entropy_tracked"]  # the controller's estimate (controller.estimator)
+        assert row["entropy_error"] == pytest.approx(tracked / row["entropy_target"] - 1)
         if share is not None:
             assert 0 < row[share] <= 1  # the token-selecting part touched some tokens

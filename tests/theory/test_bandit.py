@@ -151,11 +151,12 @@ def test_a_probed_target_is_the_initial_policys_entropy_and_leaves_the_samples_a
     # One batch of 4 states x 4 samples estimates the initial entropy roughly; 49 batches of
     # the same policy (the probe's 48 and the first iteration's) estimate it closer (over these
     # 6 seeds, 7x less error in total; asked here: 2x).
-    spec = "repo-r --algo.controller.target_probe 48"
-    lab = LabConfig(iters=1, n_states=4, samples_per_state=4, algos=["repo-r", spec])
+    plain_spec = "repo-r --algo.controller.estimator sampled"
+    spec = f"{plain_spec} --algo.controller.target_probe 48"
+    lab = LabConfig(iters=1, n_states=4, samples_per_state=4, algos=[plain_spec, spec])
     plain_errors, probed_errors = [], []
     for seed in range(6):
-        initial, plain = run_one("repo-r", seed, lab)
+        initial, plain = run_one(plain_spec, seed, lab)
         _, probed = run_one(spec, seed, lab)
         # the probe draws from its own generator: the first batch is the one drawn without it
         assert probed[0]["entropy_sampled"] == plain[0]["entropy_sampled"]
@@ -164,3 +165,17 @@ def test_a_probed_target_is_the_initial_policys_entropy_and_leaves_the_samples_a
         probed_errors.append(abs(probed[0]["entropy_target"] / initial["entropy"] - 1))
     assert max(probed_errors) < 0.05
     assert sum(probed_errors) < 0.5 * sum(plain_errors)
+
+
+def test_an_exact_target_is_the_initial_policys_exact_entropy_with_or_without_a_probe() -> None:
+    # Every batch holds every state: the exact estimate of a batch is the policy's mean state
+    # entropy itself, so the target (probe or not) is the initial entropy, not an estimate.
+    spec = "repo-r --algo.controller.target_probe 3"
+    lab = LabConfig(iters=1, n_states=4, samples_per_state=4, algos=["repo-r", spec])
+    for seed in range(3):
+        initial, plain = run_one("repo-r", seed, lab)
+        _, probed = run_one(spec, seed, lab)
+        for rows in (plain, probed):
+            assert rows[0]["entropy_target"] == pytest.approx(initial["entropy"], rel=1e-6)
+            assert rows[0]["entropy_tracked"] == rows[0]["entropy_target"]
+        assert plain[0]["entropy_sampled"] != pytest.approx(initial["entropy"], rel=1e-3)

@@ -95,12 +95,9 @@ def test_reused_scores_give_the_two_pass_gradients_and_metrics(model, preset, lr
     for a, b in zip(w1, w2, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
     assert m1.keys() == m2.keys()
-    # entropy_exact needs the update to score the sampling policy itself (the reusing path),
-    # and only where the loss needs entropies (its value: tests/algos/test_entropy_constraint)
-    assert m2["entropy_exact"] is None
-    assert (m1["entropy_exact"] is not None) == (preset == "grpo-entropy-bonus")
+    # both presets' controllers track the exact entropy (the default estimator): both paths
+    # score it before the first step (its value: tests/algos/test_entropy_constraint)
+    assert m1["entropy_tracked"] == m1["entropy_exact"] is not None
     for key, value in m2.items():
-        if key == "entropy_exact":
-            continue
         expected = value if value is None else pytest.approx(value, rel=1e-5, abs=1e-7)
         assert m1[key] == expected, key

@@ -17,6 +17,8 @@ RUN = [
     "--iterations", "2", "--tasks-per-iter", "2", "--samples", "3",
     "--early-stop-min-per-task", "3", "--max-response-tokens", "6",
     "--algo", "grpo-entropy-bonus", "--algo.controller", "pi",
+    # the trainer's probe batches are scored for their sampled entropy
+    "--algo.controller.estimator", "sampled",
 ]  # fmt: skip
 
 

@@ -79,7 +79,8 @@ def test_every_preset_runs_two_iterations(algo, tmp_path):
     params = None if preset.controller is None else preset.controller.params
     if params is None or (params.target_unit, params.step) == ("ratio", "iteration"):
         # the paper's target: the first iteration's entropy
-        assert rows[0]["entropy_target"] == rows[0]["entropy"] and rows[0]["entropy_error"] == 0
+        target = rows[0]["entropy_target"]
+        assert target == rows[0]["entropy_tracked"] and rows[0]["entropy_error"] == 0
     else:  # TRL's: absolute, in nats
         assert rows[0]["entropy_target"] == params.target == 0.2
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "iter-000001"
