@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from entrogym.algos import EntropyControl, UpdateBatch, policy_update, sampled_entropy
+from entrogym.algos import EntropyControl, UpdateBatch, policy_update
 from entrogym.algos.aepo import TemperatureSamples
 from entrogym.train import distributed
 from entrogym.train.checkpoint import load_adapter_into
@@ -199,10 +199,11 @@ class Learner:
                 self.score_rows(batch, rows, out)
         return out
 
-    def probe_entropy(self, batch: UpdateBatch) -> float:
-        """The sampled entropy of a probe batch, scored in fp32 like an iteration's batch."""
-        logprobs, _ = self.score_all(batch, need_entropy=False)
-        return sampled_entropy(logprobs, batch.mask)
+    def probe_entropy(self, batch: UpdateBatch, control: EntropyControl) -> float:
+        """A probe batch's entropy in the terms ``control`` tracks (exact or sampled), scored in
+        fp32 like an iteration's batch."""
+        logprobs, exact = self.score_all(batch, need_entropy=control.tracks_exact)
+        return control.batch_entropy(logprobs, exact, batch.mask)
 
     def entropy_check(self, batch: UpdateBatch) -> dict[str, Any]:
         """Opt-in (``--sampler-entropy-check``): did the engine draw from the policy? One extra

@@ -234,7 +234,7 @@ class Trainer:
     def _probe_target(self) -> None:
         """``algo.controller.target_probe`` batches sampled from the initial policy before the
         first update (``Sampler.probe_batches``), scored in fp32 like an iteration's batch;
-        their sampled entropies go into the controller's target."""
+        their entropies, in the estimator the controller tracks, go into its target."""
         n = self.control.probe_batches
         if not n:
             return
@@ -242,7 +242,7 @@ class Trainer:
         batches = distributed.on_main(
             lambda: self.sampler.probe_batches(n, self.state.start), self.ranks
         )
-        entropies = [self.learner.probe_entropy(batch) for batch in batches]
+        entropies = [self.learner.probe_entropy(batch, self.control) for batch in batches]
         self.control.observe_probe(entropies)
         listed = ", ".join(f"{h:.3f}" for h in entropies)
         self.run.say(f"target probe: {n} batches of the initial policy, entropy {listed} nats "

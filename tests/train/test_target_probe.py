@@ -59,3 +59,28 @@ def test_a_negative_probe_is_one_line_before_any_model_loads(
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].endswith("algo.controller.target_probe must be an integer >= 0, got -1"), err
     assert not out.exists()
+
+
+def _probe_values(said: str) -> list[float]:
+    found = re.search(
+        r"target probe: \d+ batches of the initial policy, entropy ([\d., ]+) nats", said
+    )
+    assert found, said
+    return [float(x) for x in found.group(1).split(", ")]
+
+
+def test_an_exact_target_measures_the_probe_batches_exactly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    exact_run = [a if a != "sampled" else "exact" for a in RUN]
+    probe = ["--algo.controller.target-probe", "2"]
+    assert cli([*exact_run, *probe, "--out", str(tmp_path / "exact")]) == 0
+    exact = _probe_values(capsys.readouterr().out)
+    assert cli([*RUN, *probe, "--out", str(tmp_path / "sampled")]) == 0
+    sampled = _probe_values(capsys.readouterr().out)
+    # the same two batches (same seed), measured by the two estimators
+    assert all(abs(e - s) > 1e-3 for e, s in zip(exact, sampled, strict=True))
+    first = _train_rows(tmp_path / "exact")[0]
+    assert first["entropy_tracked"] == first["entropy_exact"] != first["entropy"]
+    expected = (sum(exact) + first["entropy_exact"]) / 3
+    assert first["entropy_target"] == pytest.approx(expected, abs=1e-3)
