@@ -79,8 +79,9 @@ def draw_bands(ax: Any, targets: dict[str, list[float]]) -> list[str]:
 def tracking(record: dict[str, Any]) -> dict[str, float]:
     """``tracking_error`` (mean over the second half) and ``max_excursion`` (the largest
     |H_t / H*_t - 1| from the goal's first tracked iteration on) of a run against its target;
-    a run without a target (GRPO) against its first iteration's entropy."""
-    entropy = record["entropy"]
+    a run without a target (GRPO) against its first iteration's entropy. The entropy is the
+    one the controller tracked (``entropy_tracked``: exact or sampled), in the target's terms."""
+    entropy = record.get("entropy_tracked") or record["entropy"]
     target = filled_targets(record.get("entropy_target") or [None] * len(entropy), entropy)
     start = min(FIRST_TRACKED, len(entropy) - 1)
     return {"tracking_error": tracking_error(entropy, target),

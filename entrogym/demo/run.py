@@ -106,16 +106,18 @@ def run_record(config: Any, run_dir: Path, wall_s: float) -> dict[str, Any]:
     rows = read_metrics(run_dir)
     rows_t = [r for r in rows if r.get("kind", "train") == "train"]
     evals = [r for r in rows if r.get("kind") == "eval"]
+    # what the controller saw (exact or sampled), in its target's terms; sampled without one
+    tracked = [r["entropy"] if r.get("entropy_tracked") is None else r["entropy_tracked"]
+               for r in rows_t]  # fmt: skip
     return {
         "algo": config.algorithm().name,
         "folder": str(run_dir),
         "entropy": [r["entropy"] for r in rows_t],
+        "entropy_tracked": tracked,
         "entropy_ratio": rows_t[-1]["entropy"] / rows_t[0]["entropy"],
         "reward": [r["reward_mean"] for r in rows_t],
         "zeta": [r.get("zeta") for r in rows_t],
-        "entropy_target": filled_targets(
-            [r.get("entropy_target") for r in rows_t], [r["entropy"] for r in rows_t]
-        ),
+        "entropy_target": filled_targets([r.get("entropy_target") for r in rows_t], tracked),
         "controlled": config.algorithm().controller is not None,
         "accuracy_first": evals[0]["pass@1"] if evals else None,
         "accuracy_after": evals[-1]["pass@1"] if evals else None,

@@ -302,12 +302,14 @@ def summarize(
     runs = []
     for one in stage1:
         key, two = (one["label"], one["seed"]), stage2[(one["label"], one["seed"])]
-        target = filled_targets(one["entropy_target"], one["entropy"])
+        target = filled_targets(one["entropy_target"], one["entropy_tracked"])
         runs.append({
             "label": one["label"],
             "seed": one["seed"],
             "stage1": {
-                "entropy": one["entropy"],
+                # the entropy the controller tracked, in its target's terms (the plot's band)
+                "entropy": one["entropy_tracked"],
+                "entropy_sampled": one["entropy"],
                 "entropy_target": target,
                 "controlled": one["controlled"],
                 "max_excursion": tracking(one)["max_excursion"],
