@@ -15,6 +15,7 @@ from typing import Any
 
 from entrogym.algos.advantages import ADVANTAGES
 from entrogym.algos.controllers import CONTROLLERS, Controller
+from entrogym.algos.correction import check_correction
 from entrogym.algos.levers import LEVERS, Lever
 from entrogym.algos.losses import LOSSES, ClipParams
 from entrogym.algos.masks import MASKS
@@ -29,7 +30,7 @@ PART_REGISTRIES: dict[str, Registry] = {
     "controller": CONTROLLERS,
 }
 # The settings of the update itself (not parts).
-UPDATE_KNOBS = ("epochs", "minibatch_size")
+UPDATE_KNOBS = ("epochs", "minibatch_size", "is_correction", "is_clip_min", "is_clip_max")
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,11 @@ class AlgorithmConfig:
         epochs: passes over each iteration's experience (1 = strictly on-policy RLOO).
         minibatch_size: trajectories per optimizer step; ``None`` = all experience in one step.
             The paper uses 128 on AppWorld and 256 on AIME.
+        is_correction: how the policy-gradient term is reweighted for the sampler/learner
+            mismatch (``entrogym.algos.correction``): ``token_truncate``, ``token_mask``,
+            ``sequence_truncate`` or ``sequence_mask``; ``None`` (the default): not at all.
+        is_clip_min: the smallest importance weight kept (``None``: no lower bound).
+        is_clip_max: the largest importance weight kept (``None``: no upper bound).
     """
 
     name: str
@@ -58,6 +64,9 @@ class AlgorithmConfig:
     controller: Part | None = None
     epochs: int = 2
     minibatch_size: int | None = 128
+    is_correction: str | None = None
+    is_clip_min: float | None = None
+    is_clip_max: float | None = 3.0
 
     def __post_init__(self) -> None:
         if isinstance(self.epochs, bool) or not isinstance(self.epochs, int) or self.epochs < 1:
@@ -65,6 +74,11 @@ class AlgorithmConfig:
         size = self.minibatch_size
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
             raise ValueError(f"minibatch_size must be an integer >= 1 or None, got {size!r}")
+        if self.is_correction is not None:
+            try:
+                check_correction(self.is_correction, self.is_clip_min, self.is_clip_max)
+            except ValueError as exc:
+                raise ValueError(f"algo.is_correction {self.is_correction!r}: {exc}") from None
         for kind, registry in PART_REGISTRIES.items():
             part = getattr(self, kind)
             if part is None:

@@ -9,6 +9,7 @@ step (unscale, clip, step) and how to clear gradients; everything algorithmic ha
         zero_grad()
         for each micro-batch: score (+ entropies if control.needs_entropy)
                               -> lever.shape_advantages -> the loss's per-token objective
+                              (x sampler_weights, with algo.is_correction)
                               -> lever.adjust_objective -> token mask -> aggregate
                               (+ lever.extra_loss) -> backward(weighted loss)
         step()                      (skipped when any part was non-finite)
@@ -41,16 +42,19 @@ mean of the same scores' exact entropies over that minibatch's action tokens.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
 import torch
 
 from entrogym.algos.advantages import zero_advantage_groups
+from entrogym.algos.algorithm import AlgorithmConfig
 from entrogym.algos.control import EntropyControl
+from entrogym.algos.correction import sampler_weights
 from entrogym.algos.entropy import importance_weighted_entropy, sampled_entropy
 from entrogym.algos.levers import LeverInputs
-from entrogym.algos.losses import LOSSES, aggregate
+from entrogym.algos.losses import LOSSES, TokenObjective, aggregate
 from entrogym.algos.update_batch import (
     Rows,
     UpdateBatch,
@@ -134,8 +138,13 @@ def micro_batch_loss(
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
     """The algorithm's loss on one micro-batch: the lever's advantages -> the policy loss's
-    per-token objective -> the lever's adjustment -> the token mask -> aggregation (+ the
-    lever's extra term). Also returns the mask of the tokens the loss trains on."""
+    per-token objective (x the sampler-mismatch weights, with ``algo.is_correction``) -> the
+    lever's adjustment -> the token mask -> aggregation (+ the lever's extra term). Also
+    returns the mask of the tokens the loss trains on.
+
+    The importance weights scale the policy-gradient term only, as TRL's do: what an entropy
+    lever adds to the objective (KL-Cov's penalty, the entropic term) or to the loss (the
+    entropy bonus) is not weighted."""
     config, lever, coef = control.config, control.lever, control.coefficient
     advantages = lever.shape_advantages(rows.advantages, logprobs, entropies, coef, rows.mask)
     eps_low, eps_high = control.clip_range()
@@ -143,8 +152,10 @@ def micro_batch_loss(
     terms = loss_fn(
         logprobs, rows.old_logprobs, advantages, rows.mask, config.loss.params, eps_low, eps_high
     )
+    terms, metrics = _sampler_corrected(config, rows, terms)
     inputs = LeverInputs(logprobs, rows.old_logprobs, generator)
-    objective, metrics = lever.adjust_objective(terms, inputs, coef)
+    objective, lever_metrics = lever.adjust_objective(terms, inputs, coef)
+    metrics.update(lever_metrics)
     trained = rows.mask
     keep = control.mask.keep(terms.mask, entropies)
     if keep is not None:
@@ -154,6 +165,33 @@ def micro_batch_loss(
     loss = -aggregate(objective, terms.mask, config.loss.params.aggregation)
     extra = lever.extra_loss_of_rows(logprobs, entropies, trained, coef, advantages)
     return (loss if extra is None else loss + extra), {**terms.metrics, **metrics}, trained
+
+
+def _sampler_corrected(
+    config: AlgorithmConfig, rows: Rows, terms: TokenObjective
+) -> tuple[TokenObjective, dict[str, float]]:
+    """``terms`` with the objective weighted by :func:`sampler_weights` of the learner's old
+    log-probs (the fp32 rescoring of the sampling policy) over the engine's, as TRL's
+    ``vllm_importance_sampling_correction`` does; unchanged when ``config`` sets no mode."""
+    if config.is_correction is None:
+        return terms, {}
+    if rows.sampler_logprobs is None:
+        raise ValueError(
+            f"algo.is_correction {config.is_correction!r} needs the engine's log-probs "
+            "(UpdateBatch.sampler_logprobs), and this batch has none; set it to none here"
+        )
+    weights = sampler_weights(
+        rows.old_logprobs, rows.sampler_logprobs, rows.mask, config.is_correction,
+        config.is_clip_min, config.is_clip_max,
+    )  # fmt: skip
+    action = rows.mask > 0
+    tokens = action.sum().clamp_min(1)  # weights are 0 off the mask
+    metrics = {
+        "is_weight_mean": float(weights.sum() / tokens),
+        "is_weight_zero_share": float(((weights == 0) & action).sum() / tokens),
+    }
+    objective = terms.objective * weights.to(terms.objective.dtype)
+    return dataclasses.replace(terms, objective=objective), metrics
 
 
 def score_old_logprobs(

@@ -26,6 +26,7 @@ class Rows:
     advantages: torch.Tensor  # [b]
     old_logprobs: torch.Tensor  # [b, w]
     mask: torch.Tensor  # [b, w]
+    sampler_logprobs: torch.Tensor | None = None  # [b, w]; None: the batch has none
 
 
 @dataclass
@@ -41,7 +42,7 @@ class UpdateBatch:
 
     An LLM batch (``entrogym.train.batch.collate_episodes``) also holds ``input_ids[B, T]``,
     ``attention_mask[B, T]`` (1 on real tokens), the engine's ``sampler_logprobs[B, T]`` (0
-    off the mask; for checks only, never the loss) and ``versions[B]``: the weight version
+    off the mask; in the loss only through ``algo.is_correction``'s weights) and ``versions[B]``: the weight version
     that sampled each row (``--max-staleness``).
     """
 
@@ -150,7 +151,10 @@ class UpdateBatch:
         if self.advantages is None:
             raise ValueError("advantages are not computed yet (compute_advantages)")
         w = self.width(index)
-        return Rows(self.advantages[index], self.old_logprobs[index, :w], self.mask[index, :w])
+        sampler = None if self.sampler_logprobs is None else self.sampler_logprobs[index, :w]
+        return Rows(
+            self.advantages[index], self.old_logprobs[index, :w], self.mask[index, :w], sampler
+        )
 
     def store_old_logprobs(self, index: torch.Tensor, logprobs: torch.Tensor) -> None:
         """Record rows ``index``'s old log-probs (``[b, width(index)]``, detached)."""

@@ -3,7 +3,8 @@
 Command line (``entrogym train``, ``bandit``, ``bandit sweep``, ``demo``)::
 
     --algo repo-d                          a preset
-    --algo.epochs 1                        a setting of the update (epochs, minibatch-size)
+    --algo.epochs 1                        a setting of the update (epochs, minibatch-size,
+                                           is-correction, is-clip-min, is-clip-max)
     --algo.controller pi                   swap a part (advantage, loss, mask, lever, controller)
     --algo.controller.kp 0.3               set a knob of a part
     --algo.lever my_module:my-lever        a part of yours: module:name
@@ -36,6 +37,7 @@ from entrogym.algos import (
     build_algorithm,
 )
 from entrogym.algos.algorithm import UPDATE_KNOBS
+from entrogym.algos.correction import CORRECTION_MODES
 from entrogym.algos.registry import type_name
 
 OPTION = "--algo"
@@ -238,6 +240,11 @@ def algo_help() -> str:
         "algorithm options:",
         f"  {OPTION} PRESET           one of: {', '.join(ALGORITHMS)}",
         f"  {OPTION}.epochs N, {OPTION}.minibatch-size N|none",
+        f"  {OPTION}.is-correction MODE|none  reweight the policy gradient for the sampler/learner",
+        f"                          mismatch; MODE one of {', '.join(CORRECTION_MODES[:2])},",
+        f"                          {', '.join(CORRECTION_MODES[2:])} (default none: off)",
+        f"  {OPTION}.is-clip-min X|none, {OPTION}.is-clip-max X|none",
+        "                          the weights' bounds (defaults none and 3.0)",
         f"  {OPTION}.PART NAME        swap a part; {OPTION}.PART.KNOB VALUE sets one of its knobs",
         "                          (a part of yours: module:name)",
     ]
