@@ -32,7 +32,8 @@ CANDIDATES: dict[str, tuple[str, dict[str, Any]]] = {
     "arith-1digit": (ARITHMETIC, {"max_digits": 1, "num_train": 100, "num_test": 40}),
     "arith-1digit-mul": (
         ARITHMETIC,
-        {"max_digits": 1, "operations": "*", "num_train": 100, "num_test": 40},
+        # 100 ordered pairs of one-digit operands: 60 distinct problems in all
+        {"max_digits": 1, "operations": "*", "num_train": 40, "num_test": 20},
     ),
     "arith-1digit-3ops": (
         ARITHMETIC,
