@@ -81,9 +81,10 @@ def report(summary: dict[str, Any]) -> str:
     result = goals(summary)
     held = summary["held"]
     mean = result["stage2_mean_gain"]
+    seeds = len(result["checks"])
     lines += [
         "",
-        f"goals ({held} against grpo, every seed):",
+        f"goals ({held} against grpo, on each of {seeds} seed(s); the experiment asks for 3):",
         f"  stage 2: accuracy on B >= grpo's + {STAGE2_MARGIN:.2f} (mean), higher on every seed: "
         f"{'met' if result['stage2'] else 'NOT met'} (mean gain {_f(mean)})",
         f"  pass@16 on A >= grpo's + {PASS_MARGIN:.2f}: {'met' if result['pass16'] else 'NOT met'}",

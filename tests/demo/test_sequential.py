@@ -42,7 +42,7 @@ def test_sequential_runs_both_stages_and_writes_the_summary(
     assert (out / "plots" / "stage1_entropy.png").stat().st_size > 0
     assert (out / "plots" / "stage2_reward.png").stat().st_size > 0
     printed = capsys.readouterr().out
-    assert "goals (held against grpo" in printed
+    assert "goals (held against grpo, on each of 1 seed(s)" in printed
     assert max(len(line) for line in printed.splitlines() if "p@" in line) <= 100
 
     # a second B from the same stage 1: --stage1-from reuses the finished runs
