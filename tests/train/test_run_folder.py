@@ -104,7 +104,7 @@ def test_algorithms_compare_by_what_they_resolve_to():
 
 def new_controller(max_: float) -> dict:
     return {"name": "paper", "target": 1.0, "target_unit": "ratio", "target_iterations": 1,
-            "target_probe": 0,
+            "target_probe": 0, "estimator": "exact",
             "step": "iteration", "init": None, "min": None, "max": max_,
             "factor": 2.0}  # fmt: skip
 
