@@ -29,7 +29,9 @@ BAND, FALL, ACCURACY_SLACK, FIRST_TRACKED = 0.25, 0.5, 0.05, 2
 # docs/results.md). A run is ``NAME=SPEC`` or a plain spec (labelled by ``parse_run``).
 DEFAULT_RUNS = (
     "grpo",
-    "repo-r",  # the paper's preset: zeta from 1e-3, doubling, capped at 0.05
+    # the paper's preset (zeta from 1e-3, doubling, capped at 0.05), tracking the sampled
+    # entropy as the paper does and as every measured demo did
+    "repo-r=repo-r --algo.controller.estimator sampled",
     # the LLM sweeps' best (docs/results.md, sixth sweep): the constraint H = H* by the method
     # of multipliers, two-sided, against a target measured on four more batches of the initial
     # policy before the first update (one batch of 16 is as noisy as the goal's band); it tracks
