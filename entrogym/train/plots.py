@@ -5,15 +5,18 @@
 * ``accuracy.png``: eval accuracy against iteration, the same way.
 * ``accuracy_vs_cumulative_entropy.png``: one point per eval row of every run, x = cumulative
   entropy up to that iteration, y = accuracy; each run's best point is highlighted.
+* ``correlation.json``: Pearson's and Spearman's correlation of each run's final accuracy with
+  its cumulative entropy (:mod:`entrogym.train.correlation`), also printed.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +27,7 @@ matplotlib.use("Agg")  # files only; no display on servers and CI
 from matplotlib import pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from entrogym.atomic import atomic_path  # noqa: E402
+from entrogym.atomic import atomic_path, atomic_write_text  # noqa: E402
 from entrogym.train.metrics import cumulative_entropy, read_metrics  # noqa: E402
 
 # Eval-row fields tried in order when no metric is named: the share of tasks solved.
@@ -113,7 +116,7 @@ def _last_row_per_iteration(path: Path, numbered: list[tuple[int, dict[str, Any]
     return [last[it] for it in sorted(last)]
 
 
-def _cumulative_at(run: Run, iteration: int) -> float:
+def cumulative_at(run: Run, iteration: int) -> float:
     """Cumulative entropy up to ``iteration`` (0 before the first training iteration)."""
     before = [it for it in run.cumulative if it <= iteration]
     return run.cumulative[max(before)] if before else 0.0
@@ -177,7 +180,7 @@ def accuracy_vs_entropy_figure(runs: list[Run]) -> Figure:
             continue
         color = colors.setdefault(run.algo, cycle[len(colors) % len(cycle)])
         its = sorted(run.accuracy)
-        xs = [_cumulative_at(run, it) for it in its]
+        xs = [cumulative_at(run, it) for it in its]
         ys = [run.accuracy[it] for it in its]
         label = None if run.algo in labelled else run.algo
         labelled.add(run.algo)
@@ -239,4 +242,12 @@ def plot_runs(
     written.append(
         _save(accuracy_vs_entropy_figure(runs), out / "accuracy_vs_cumulative_entropy.png")
     )
+    # imported here: correlation.py builds on this module's Run
+    from entrogym.train.correlation import accuracy_entropy_correlation
+
+    corr = accuracy_entropy_correlation(runs)
+    if corr is not None:
+        print(corr.line())
+        atomic_write_text(out / "correlation.json", json.dumps(asdict(corr), indent=1) + "\n")
+        written.append(out / "correlation.json")
     return written
