@@ -8,7 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from entrogym.commands.options import make_parser, parse_options, run_command
-from entrogym.demo.config import DEFAULT_ITERATIONS, DEFAULT_LR, DEFAULT_RUNS, DEFAULT_SEEDS
+from entrogym.demo.config import (
+    DEFAULT_ITERATIONS,
+    DEFAULT_LR,
+    DEFAULT_RUNS,
+    DEFAULT_SEEDS,
+    PASS_SAMPLES,
+    PASS_TASKS,
+)
 
 PROG = "entrogym demo"
 
@@ -33,6 +40,9 @@ class DemoOptions:
         workers: worker processes running the jobs side by side, each with cores // workers
             torch threads (at least 1; None: two per core, or fewer when there are fewer jobs,
             so both cores stay busy until the last run ends).
+        pass_tasks: held-out tasks on which each final policy and the base model are scored
+            with pass_samples samples each, for pass@k (0: no pass@k).
+        pass_samples: samples per task for pass@k (k = 1, 4, 16, 64 up to it, and itself).
     """
 
     out: str = "runs/demo"
@@ -43,6 +53,8 @@ class DemoOptions:
     seeds: list[int] = field(default_factory=lambda: list(DEFAULT_SEEDS))
     engine: str | None = None
     workers: int | None = None
+    pass_tasks: int = PASS_TASKS
+    pass_samples: int = PASS_SAMPLES
 
     def __post_init__(self) -> None:
         from entrogym.agents.engines import ENGINE_KINDS
@@ -73,6 +85,9 @@ class DemoOptions:
         if self.workers is not None and not 1 <= self.workers <= 2 * cores:
             raise ValueError(f"workers must be from 1 to {2 * cores} (two per core of this "
                              f"machine), got {self.workers}")  # fmt: skip
+        if self.pass_tasks < 0 or self.pass_samples < 0:
+            raise ValueError(f"pass_tasks and pass_samples must be >= 0 (0: no pass@k), got "
+                             f"{self.pass_tasks} and {self.pass_samples}")  # fmt: skip
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.engine is not None and self.engine not in ENGINE_KINDS:
@@ -91,7 +106,8 @@ def cli(argv: list[str]) -> int:
 
         opts = parse_options(build_parser(), argv, DemoOptions)
         run_demo(Path(opts.out), opts.algos, opts.iterations, opts.lr, opts.eval_tasks,
-                 seeds=opts.seeds, engine=opts.engine, workers=opts.workers)  # fmt: skip
+                 seeds=opts.seeds, engine=opts.engine, workers=opts.workers,
+                 pass_tasks=opts.pass_tasks, pass_samples=opts.pass_samples)  # fmt: skip
         return 0
 
     return run_command(PROG, body, interrupted="interrupted; rerun with a new --out")

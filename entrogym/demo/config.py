@@ -45,6 +45,9 @@ DEFAULT_ITERATIONS = 15
 # At 5e-4 the entropy of every run fell from 1.2 to 0.3 of its start within one iteration, faster
 # than any controller answered; at 2.5e-4 the fall spans iterations 3-6 (docs/results.md).
 DEFAULT_LR = 2.5e-4
+# pass@k of every final policy and the base model: the first PASS_TASKS held-out tasks,
+# PASS_SAMPLES samples each (pass@1, @4, @16); 16 x 16 keeps the demo within 15 minutes
+PASS_TASKS, PASS_SAMPLES = 16, 16
 DEFAULT_SEEDS = (0,)  # three runs of one seed fit 15 minutes on 2 cores
 # Tasks x samples per iteration; half of them per minibatch (two optimizer steps). Four tasks
 # (the early sweeps in docs/results.md ran six) keep three runs of 15 iterations within 15 minutes on

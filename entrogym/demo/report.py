@@ -168,15 +168,50 @@ def _pair(first: float | None, last: float | None, fmt: str = ".3f") -> str:
     return f"{shown[0]} -> {shown[1]}"
 
 
+def story(summary: dict[str, Any], names: dict[str, str]) -> list[str]:
+    """The report's first lines, the paper's story in the demo's numbers: per seed, GRPO's
+    entropy against each controlled run's; pass@k of every final policy and the base model;
+    and the sequential experiment's line (``summary["sequential"]``), where there is one."""
+    records = summary["runs"]
+    lines = []
+    for seed in sorted({r["seed"] for r in records}):
+        for r in (r for r in records if r["seed"] == seed):
+            e, name = r["entropy"], names[r["label"]]
+            if r.get("controlled"):
+                how = f"at most {tracking(r)['max_excursion']:.0%} from its target from the " \
+                      f"{_ordinal(FIRST_TRACKED + 1)} iteration on"  # fmt: skip
+            else:
+                how = f"{r['entropy_ratio']:.2f} of its start"
+            lines.append(f"seed {seed}, {name}: entropy {e[0]:.3f} -> {e[-1]:.3f}, {how}")
+    scored = [("base model", summary.get("base_pass_at_k"))]
+    scored += [(f"{names[r['label']]} s{r['seed']}", r.get("pass_at_k")) for r in records]
+    scored = [(name, p) for name, p in scored if p]
+    if scored:
+        ks = [k for k in scored[0][1] if k.isdigit()]
+        settings = summary["settings"]
+        lines.append(f"pass@k on {settings['pass_tasks']} held-out tasks x "
+                     f"{settings['pass_samples']} samples" + "".join(f"{'@' + k:>7}" for k in ks))  # fmt: skip
+        width = len(lines[-1]) - 7 * len(ks)
+        lines += [f"  {name:<{width - 2}}" + "".join(f"{p[k]:>7.3f}" for k in ks)
+                  for name, p in scored]  # fmt: skip
+    if summary.get("sequential"):
+        lines.append(_fit(f"sequential ({summary['sequential']['source']}): "
+                          f"{summary['sequential']['line']}"))  # fmt: skip
+    return lines
+
+
 def report(summary: dict[str, Any]) -> str:
-    """The table a user sees first (one row per run and seed, each run under its short name),
-    what each named run is, then the goal's verdict; no line wider than WIDTH."""
+    """The paper's story first (:func:`story`), then the table (one row per run and seed, each
+    run under its short name), what each named run is, then the goal's verdict; no line wider
+    than WIDTH."""
     records = summary["runs"]
     names = shown_names(records)
     width = max([len("run"), *(len(names[r["label"]]) for r in records)])
     columns = (("seed", 4), ("entropy 1st->last", 17), ("track", 5), ("max exc", 7),
                ("reward 1st->last", 16), ("accuracy 1st->last", 18), ("wall", 5))  # fmt: skip
     lines = [
+        *story(summary, names),
+        "",
         f"held-out accuracy of the base model: {_accuracy(summary.get('accuracy_before'))}",
         f"{'run':<{width}}" + "".join(f"  {title:>{w}}" for title, w in columns),
     ]

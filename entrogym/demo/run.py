@@ -23,12 +23,16 @@ from entrogym.demo.config import (
     DEFAULT_SEEDS,
     ENV,
     ENV_KWARGS,
+    PASS_SAMPLES,
+    PASS_TASKS,
     demo_config,
     parsed_run,
     split_run,
 )
 from entrogym.demo.log_labels import labelled_output
+from entrogym.demo.pass_at_k import PassJob, Task, final_adapter, pass_at_k_of, pass_line
 from entrogym.demo.report import goal, plot_demo, report, shown_names
+from entrogym.demo.sequential_report import measured_line
 
 
 @dataclass(frozen=True)
@@ -47,9 +51,11 @@ class Job:
     name: str = ""
 
 
-def run_job(job: Job) -> dict[str, Any]:
+def run_job(job: Job | PassJob) -> dict[str, Any]:
     """Body of one pool process (also callable in-process). A run's threads are its config's
     (the trainer applies them); the base model's evaluation applies ``job.threads`` here."""
+    if isinstance(job, PassJob):
+        return {"label": job.label, "seed": job.seed, "pass_at_k": pass_at_k_of(job)}
     if job.config is None:
         from entrogym.train.precision import apply_threads
 
@@ -181,8 +187,11 @@ def run_jobs(
     return [results[i] for i in range(len(jobs))]
 
 
-def _announce_demo(job: Job, result: dict[str, Any]) -> None:
-    if "accuracy_before" in result:
+def _announce_demo(job: Job | PassJob, result: dict[str, Any]) -> None:
+    if "pass_at_k" in result:
+        print(f"pass@k, {job.label}, seed {job.seed}: {pass_line(result['pass_at_k'])}",
+              flush=True)  # fmt: skip
+    elif "accuracy_before" in result:
         print(f"base model: held-out accuracy {result['accuracy_before']:.3f}", flush=True)
     else:
         e = result["entropy"]
@@ -201,10 +210,13 @@ def run_demo(
     seeds: list[int] | tuple[int, ...] = DEFAULT_SEEDS,
     engine: str | None = None,
     workers: int | None = None,
+    pass_tasks: int = PASS_TASKS,
+    pass_samples: int = PASS_SAMPLES,
 ) -> dict[str, Any]:
     """Evaluate the base model and train each run for each seed (``workers`` processes at a
-    time), plot, print the table and the goal's verdict. A non-empty ``out`` is refused
-    (ValueError) so no earlier result is mixed in."""
+    time), score pass@k of every final policy and the base model (``pass_tasks`` held-out tasks
+    x ``pass_samples``; none when either is 0), plot, print the report. A non-empty ``out`` is
+    refused (ValueError) so no earlier result is mixed in."""
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"{out} is not empty; remove it or pass --out NEW_DIR")
     from entrogym.models import resolve_model
@@ -212,24 +224,44 @@ def run_demo(
     start = time.perf_counter()
     seeds = list(seeds)
     resolve_model(AGENT.model)  # dequantises the shipped GGUF once, before the workers start
-    n_jobs = (1 if eval_tasks else 0) + len(runs) * len(seeds)
+    pass_at = bool(pass_tasks and pass_samples)
+    n_jobs = (1 if eval_tasks else 0) + len(runs) * len(seeds) + pass_at
     # Up to two one-thread jobs per core at once: with one per core, the last run finishes
     # alone and the other core idles; two per core keep both busy to the end.
     workers = workers or min(2 * (os.cpu_count() or 1), n_jobs)
     jobs = plan_jobs(out, runs, seeds, iterations, lr, eval_tasks, workers=workers, engine=engine)
     print(f"{n_jobs} jobs on {workers} worker process(es), {jobs[0].threads} thread(s) each",
           flush=True)  # fmt: skip
-    results = run_jobs(jobs, workers)
-    records = [r for job, r in zip(jobs, results, strict=True) if job.config is not None]
-    base = [r for job, r in zip(jobs, results, strict=True) if job.config is None]
+    kind = engine or AGENT.engine
+
+    def pass_job(label: str, seed: int, adapter: str | None) -> PassJob:
+        return PassJob(label, seed, Task(ENV, ENV_KWARGS), adapter, pass_tasks, pass_samples,
+                       jobs[0].threads, kind)  # fmt: skip
+
+    # the base model's pass@k needs no training: it fills the first phase's spare worker
+    first: list[Job | PassJob] = [*jobs, *([pass_job("base model", seeds[0], None)] * pass_at)]
+    results = run_jobs(first, workers, run_job, _announce_demo)
+    records = [r for job, r in zip(first, results, strict=True)
+               if isinstance(job, Job) and job.config is not None]  # fmt: skip
+    base = [r for r in results if "accuracy_before" in r]
+    base_pass = next((r["pass_at_k"] for r in results if "pass_at_k" in r), None)
+    if pass_at:
+        finals = [pass_job(r["label"], r["seed"], final_adapter(Path(r["folder"])))
+                  for r in records]  # fmt: skip
+        for record, scored in zip(records, run_jobs(finals, workers, run_job, _announce_demo),
+                                  strict=True):  # fmt: skip
+            record["pass_at_k"] = scored["pass_at_k"]
     for path in plot_demo(records, out / "plots"):
         print(path)
     settings = {"out": str(out), "runs": runs, "iterations": iterations, "lr": lr,
                 "eval_tasks": eval_tasks, "seeds": seeds, "engine": engine or AGENT.engine,
                 "workers": workers, "threads": jobs[0].threads, "env": ENV,
-                "env_kwargs": ENV_KWARGS}  # fmt: skip
+                "env_kwargs": ENV_KWARGS, "pass_tasks": pass_tasks,
+                "pass_samples": pass_samples}  # fmt: skip
     summary: dict[str, Any] = {"settings": settings, "runs": records}
     summary["accuracy_before"] = base[0]["accuracy_before"] if base else None
+    summary["base_pass_at_k"] = base_pass
+    summary["sequential"] = measured_line()
     summary["wall_s"] = time.perf_counter() - start
     summary["goal"] = goal(records)
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")

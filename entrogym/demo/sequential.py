@@ -29,15 +29,10 @@ from entrogym.demo.config import (
     parsed_run,
     split_run,
 )
+from entrogym.demo.pass_at_k import PassJob, Task, final_adapter, pass_at_k_of, pass_line
 from entrogym.demo.run import run_jobs, run_record, train_one
 
-
-@dataclass(frozen=True)
-class Task:
-    """One task of a pair: a registered env and its kwargs (its ``test`` split is held out)."""
-
-    env: str
-    env_kwargs: dict[str, Any] = field(default_factory=dict)
+__all__ = ["PAIRS", "Plan", "Task", "TaskPair", "run_sequential"]
 
 
 @dataclass(frozen=True)
@@ -91,21 +86,6 @@ class TrainJob:
     config: Any
 
 
-@dataclass(frozen=True)
-class PassJob:
-    """pass@k of ``adapter`` (None: the base model) on task A's first held-out tasks."""
-
-    label: str
-    seed: int
-    task: Task
-    adapter: str | None
-    tasks: int
-    samples: int
-    threads: int
-    engine: str
-    model: str | None = None
-
-
 def run_sequential_job(job: TrainJob | PassJob) -> dict[str, Any]:
     """Body of one pool process."""
     if isinstance(job, PassJob):
@@ -118,52 +98,16 @@ def run_sequential_job(job: TrainJob | PassJob) -> dict[str, Any]:
     return {"label": job.label, "seed": job.seed, "stage": job.stage, **record}
 
 
-def pass_at_k_of(job: PassJob) -> dict[str, float]:
-    """Unbiased pass@k (k = 1, 4, 16, 64 up to the samples, and the samples) of the job's
-    policy and its mean number of distinct correct answers per task (``distinct``), sampled as
-    the trainer's eval rows sample (temperature 1, seeded with the job's seed)."""
-    from entrogym.agents.agent import LLMAgent
-    from entrogym.agents.config import AgentConfig
-    from entrogym.agents.engines import make_engine
-    from entrogym.train.eval_scores import pass_at_ks
-    from entrogym.train.evaluation import evaluate_policy
-    from entrogym.train.precision import apply_threads
-
-    apply_threads(job.threads)
-    cfg = AgentConfig(**(asdict(AGENT) | {"engine": job.engine}
-                         | ({"model": job.model} if job.model else {})))  # fmt: skip
-    engine = make_engine(cfg.engine, cfg.model, **cfg.engine_kwargs(seed=job.seed))
-    try:
-        agent = LLMAgent.from_model(cfg.model, **cfg.agent_kwargs())
-        result = evaluate_policy(engine, agent, job.task.env, split="test", samples=job.samples,
-                                 max_tasks=job.tasks, adapter=job.adapter, temperature=1.0,
-                                 seed=job.seed, env_kwargs=job.task.env_kwargs)  # fmt: skip
-    finally:
-        engine.close()
-    summary = result.summary
-    scores = {str(k): summary[f"pass@{k}"] for k in pass_at_ks(job.samples)}
-    return {**scores, "distinct": summary.get("distinct_correct_mean")}
-
-
 def announce(job: TrainJob | PassJob, result: dict[str, Any]) -> None:
     """One line per finished job."""
     if isinstance(job, PassJob):
-        scores = " ".join(f"@{k}={v:.3f}" for k, v in result["pass_at_k"].items()
-                          if k.isdigit())  # fmt: skip
-        print(f"pass@k on A, {job.label}, seed {job.seed}: {scores}", flush=True)
+        print(f"pass@k on A, {job.label}, seed {job.seed}: {pass_line(result['pass_at_k'])}",
+              flush=True)  # fmt: skip
         return
     reward, entropy = result["reward"], result["entropy"]
     print(f"stage {job.stage}, {job.label}, seed {job.seed}: entropy {entropy[0]:.3f} -> "
           f"{entropy[-1]:.3f}, reward {reward[0]:.3f} -> {reward[-1]:.3f} "
           f"({result['wall_s']:.0f} s)", flush=True)  # fmt: skip
-
-
-def final_adapter(folder: Path) -> str:
-    """The adapter of a finished run's last checkpoint."""
-    checkpoints = sorted((folder / "checkpoints").glob("iter-*[0-9]"))
-    if not checkpoints:
-        raise RuntimeError(f"{folder} has no checkpoint; stage 2 needs its final adapter")
-    return str(checkpoints[-1] / "adapter")
 
 
 def _run_folder(root: Path, *names: str) -> Path:

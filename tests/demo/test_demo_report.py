@@ -90,13 +90,55 @@ def test_the_report_fits_100_columns_with_one_short_name_per_run() -> None:
     records = default_records((0, 1))
     text = report(summary(records))
     assert max(len(line) for line in text.splitlines()) <= 100
-    rows = [line.split()[0] for line in text.splitlines()[2:10]]
+    lines = text.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("run "))
+    rows = [line.split()[0] for line in lines[header + 1 : header + 9]]
     assert rows == ["grpo", "repo-r", "held", "run#4"] * 2
     # what each named run is, under the table; every word of the spec is there
     assert "held = grpo --algo.lever entropy-constraint" in text
     assert "run#4 = grpo --algo.lever kl-cov --algo.mask high-entropy" in text
     assert "held: goal HELD (2 of 2 seeds)" in text and "run#4: goal HELD" in text
     assert "seed 1, held: largest excursion 20%" in text
+
+
+def test_the_first_screen_tells_the_story_collapse_pass_at_k_and_the_sequential_line() -> None:
+    records = default_records()
+    for r, p16 in zip(records, (0.81, 0.9, 1.0, 0.95), strict=True):
+        r["pass_at_k"] = {"1": p16 / 2, "4": p16 - 0.1, "16": p16, "distinct": 1.5}
+    s = summary(records) | {
+        "base_pass_at_k": {"1": 0.25, "4": 0.6, "16": 0.95},
+        "sequential": {"source": "measured", "line": "add1-add2, ..."},
+    }
+    s["settings"] |= {"pass_tasks": 16, "pass_samples": 16}
+    lines = report(s).splitlines()
+    screen = "\n".join(lines[:24])
+    assert lines[0] == "seed 0, grpo: entropy 2.000 -> 0.600, 0.30 of its start"
+    assert "seed 0, held: entropy 2.000 -> 2.300, at most 20% from its target" in screen
+    header = next(line for line in lines if line.startswith("pass@k on 16 held-out tasks"))
+    assert header.split()[-3:] == ["@1", "@4", "@16"]
+    assert any(line.split() == ["base", "model", "0.250", "0.600", "0.950"] for line in lines)
+    assert any(line.split() == ["held", "s0", "0.500", "0.900", "1.000"] for line in lines)
+    assert "sequential (measured): add1-add2, ..." in screen
+    assert max(len(line) for line in lines) <= 100
+    without = [{k: v for k, v in r.items() if k != "pass_at_k"} for r in records]
+    assert not any(line.startswith("pass@k") for line in report(summary(without)).splitlines())
+
+
+def test_the_sequential_line_reads_a_finished_summary_else_the_shipped_one(tmp_path) -> None:
+    from entrogym.demo.sequential_report import measured_line
+
+    shipped = measured_line(tmp_path / "none.json")
+    assert shipped is not None and "make sequential" in shipped["source"]
+    assert shipped["line"].startswith("add1-add2, accuracy on B after stage 2: held start ")
+    mine = {"held": "held", "pair": {"name": "p"},
+            "runs": [{"label": label, "seed": 3, "stage2": {"accuracy": acc},
+                      "stage1": {"pass_at_k": {"16": 1.0}, "max_excursion": 0.1}}
+                     for label, acc in (("grpo", 0.2), ("held", 0.5))]}  # fmt: skip
+    (tmp_path / "s.json").write_text(__import__("json").dumps(mine))
+    got = measured_line(tmp_path / "s.json")
+    assert got == {"source": str(tmp_path / "s.json"),
+                   "line": "p, accuracy on B after stage 2: held start 0.50, grpo start 0.20 "
+                           "(seed 3); mean gain 0.30"}  # fmt: skip
 
 
 def test_a_labelled_grpo_is_still_the_goals_baseline() -> None:
