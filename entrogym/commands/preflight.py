@@ -8,7 +8,6 @@ in well under a second instead of after the model has loaded.
 
 from __future__ import annotations
 
-import importlib
 import os
 import re
 import tempfile
@@ -23,17 +22,12 @@ def check_env_id(env_id: str, option: str = "env") -> None:
     import gymnasium as gym
 
     import entrogym  # noqa: F401  (registers the built-in ids)
+    from entrogym.algos.plugins import import_plugin
     from entrogym.envs import BUILTIN_ENV_IDS
 
     module, _, name = env_id.rpartition(":")
     if module:
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            raise ValueError(
-                f"{option} {env_id!r}: cannot import module {module!r} ({exc}); put it on "
-                "PYTHONPATH or install it"
-            ) from exc
+        import_plugin(module, f"{option} {env_id!r}")
     try:
         gym.spec(name)
     except gym.error.Error as exc:
