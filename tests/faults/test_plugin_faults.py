@@ -166,6 +166,20 @@ def test_an_env_module_that_exits_on_import_is_one_line_for_eval(
     assert not out.exists()
 
 
+def test_an_env_module_that_exits_on_import_is_one_line_for_sequential(
+    plugins: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "sequential"
+    argv = ["--model", "tiny-random-llama", "--out", str(out), "--task-a", "exit_mod:Plug-v0"]
+    proc = _run("sequential", argv, plugins)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == (
+        "entrogym sequential: error: task_a 'exit_mod:Plug-v0': module 'exit_mod' called "
+        "sys.exit(0) while being imported\n"
+    )
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("weight", [".inf", "-.inf", ".nan", "-1", "0"])
 def test_a_reasoning_gym_weight_that_is_not_finite_and_positive_is_refused_at_parse_time(
     weight: str, plugins: Path, tmp_path: Path
