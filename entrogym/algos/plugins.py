@@ -39,9 +39,13 @@ def import_plugin(module: str, what: str) -> types.ModuleType:
         ) from None
     except BaseException as exc:  # noqa: BLE001 - the user's code may raise anything
         raise ValueError(
-            f"{what}: importing module {module!r} raised {type(exc).__name__}: "
-            f"{_one_line(exc)}{_where(exc)}"
+            f"{what}: importing module {module!r} raised {describe_exception(exc)}"
         ) from None
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``Type: message (file.py, line N)`` on one line: what the user's code raised, and where."""
+    return f"{type(exc).__name__}: {_one_line(exc)}{_where(exc)}"
 
 
 def _one_line(exc: BaseException) -> str:

@@ -37,6 +37,20 @@ MODULES = {
 
         def my_loss(*args, **kwargs):  # not registered with register_loss
             return 0.0
+
+
+        class Boom(gym.Env):
+            def __init__(self):
+                raise RuntimeError("cannot build")
+
+
+        class Quits(gym.Env):
+            def __init__(self):
+                raise SystemExit(0)
+
+
+        gym.register(id="wrong/Boom-v0", entry_point=Boom)
+        gym.register(id="wrong/Quits-v0", entry_point=Quits)
     """,
 }
 
@@ -141,11 +155,21 @@ ENV_CASES = [
         "env 'raise_mod:Plug-v0': importing module 'raise_mod' raised RuntimeError: boom at "
         "import (raise_mod.py, line 3)",
     ),
+    (
+        "wrong_mod:wrong/Boom-v0",
+        "env 'wrong_mod:wrong/Boom-v0': making the env raised RuntimeError: cannot build "
+        "(wrong_mod.py, line 19)",
+    ),
+    (
+        "wrong_mod:wrong/Quits-v0",
+        "env 'wrong_mod:wrong/Quits-v0': making the env raised SystemExit: 0 (wrong_mod.py, "
+        "line 24)",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("env", "message"), ENV_CASES, ids=[c[0] for c in ENV_CASES])
-def test_an_env_module_that_fails_on_import_is_one_line_for_train(
+def test_an_env_module_that_fails_on_import_or_build_is_one_line_for_train(
     env: str, message: str, plugins: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "run"
