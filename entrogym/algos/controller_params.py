@@ -90,3 +90,12 @@ class ControllerParams:
             raise ValueError(
                 f"algo.controller.min must be <= algo.controller.max, got {self.min} > {self.max}"
             )
+
+
+def check_gains(params: ControllerParams) -> None:
+    """A PI controller's ``kp`` and ``ki`` are each >= 0; the message names the one that is not
+    and quotes only its value (the other may still change, e.g. to a lever's suggestion)."""
+    for knob in ("kp", "ki"):
+        value = getattr(params, knob)
+        if not value >= 0:
+            raise ValueError(f"algo.controller.{knob} must be >= 0, got {value}")

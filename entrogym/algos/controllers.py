@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from entrogym.algos.controller_params import ControllerParams
+from entrogym.algos.controller_params import ControllerParams, check_gains
 from entrogym.algos.levers import Coefficient
 from entrogym.algos.registry import Registry
 
@@ -196,11 +196,10 @@ class MultiplicativeParams(ControllerParams):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not (self.up >= 1 and 0 < self.down <= 1):
-            raise ValueError(
-                f"algo.controller.up must be >= 1 and algo.controller.down in (0, 1], "
-                f"got {self.up}, {self.down}"
-            )
+        if not self.up >= 1:
+            raise ValueError(f"algo.controller.up must be >= 1, got {self.up}")
+        if not 0 < self.down <= 1:
+            raise ValueError(f"algo.controller.down must be in (0, 1], got {self.down}")
 
 
 @register_controller("multiplicative")
@@ -322,10 +321,7 @@ class PIParams(ControllerParams):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.kp < 0 or self.ki < 0:
-            raise ValueError(
-                f"algo.controller.kp and algo.controller.ki must be >= 0, got {self.kp}, {self.ki}"
-            )
+        check_gains(self)
         if not 0 <= self.deadband < 1:
             raise ValueError(f"algo.controller.deadband must be in [0, 1), got {self.deadband}")
 

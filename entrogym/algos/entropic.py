@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from entrogym.algos.controller_params import check_gains
 from entrogym.algos.controllers import Controller, ControllerParams, register_controller
 from entrogym.algos.levers import Coefficient, Lever, LeverInputs, register_lever
 from entrogym.algos.losses import TokenObjective
@@ -122,10 +123,7 @@ class EntropicControllerParams(ControllerParams):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.kp < 0 or self.ki < 0:
-            raise ValueError(
-                f"algo.controller.kp and algo.controller.ki must be >= 0, got {self.kp}, {self.ki}"
-            )
+        check_gains(self)
 
 
 @register_controller("entropic")

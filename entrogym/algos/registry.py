@@ -14,12 +14,13 @@ layer (``entrogym.train.algo_spec``), which asks a part's ``Params`` for the fie
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import types
 import typing
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, Generic, Literal, TypeVar, get_args, get_origin
+
+from entrogym.algos.plugins import import_plugin
 
 T = TypeVar("T")
 # coerce(knob, value, type hint) -> value: how a caller that holds text (a command line) turns
@@ -91,21 +92,29 @@ class Registry(Generic[T]):
         if name in self._parts:
             return self._parts[name]
         module, sep, attr = name.partition(":")
-        if sep:
-            try:
-                importlib.import_module(module)
-            except ImportError as exc:
-                raise ValueError(
-                    f"{self.kind} {name!r}: cannot import module {module!r} ({exc}); make it "
-                    "importable (e.g. PYTHONPATH) or use a registered name; " + self._known()
-                ) from None
-            if attr in self._parts:  # the module registered it under its own name
-                self._parts[name] = self._parts[attr]
-                return self._parts[name]
-            found = getattr(importlib.import_module(module), attr, None)
-            if isinstance(found, type) and self.base is not None and issubclass(found, self.base):
-                return self.register(name)(found)  # an unregistered class, named by the user
-        raise ValueError(f"unknown {self.kind} {name!r}; {self._known()}")
+        if not sep:
+            raise ValueError(f"unknown {self.kind} {name!r}; {self._known()}")
+        imported = import_plugin(module, f"{self.kind} {name!r}")
+        if attr in self._parts:  # the module registered it under its own name
+            self._parts[name] = self._parts[attr]
+            return self._parts[name]
+        found = getattr(imported, attr, None)
+        if found is None:
+            raise ValueError(
+                f"{self.kind} {name!r}: module {module!r} has no {attr!r} and registers no "
+                f"{self.kind} of that name"
+            )
+        if self.base is None:
+            raise ValueError(
+                f"{self.kind} {name!r}: {module}.{attr} is not registered as a {self.kind}; "
+                f"decorate it with @entrogym.algos.register_{self.kind}({attr!r})"
+            )
+        if not (isinstance(found, type) and issubclass(found, self.base)):
+            raise ValueError(
+                f"{self.kind} {name!r}: {module}.{attr} is of the wrong type: a {self.kind} "
+                f"must subclass entrogym.algos.{self.base.__name__}"
+            )
+        return self.register(name)(found)  # an unregistered class, named by the user
 
     def params_class(self, name: str) -> type:
         return self.get(name).Params  # type: ignore[attr-defined]

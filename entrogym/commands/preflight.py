@@ -8,7 +8,6 @@ in well under a second instead of after the model has loaded.
 
 from __future__ import annotations
 
-import importlib
 import os
 import re
 import tempfile
@@ -23,17 +22,12 @@ def check_env_id(env_id: str, option: str = "env") -> None:
     import gymnasium as gym
 
     import entrogym  # noqa: F401  (registers the built-in ids)
+    from entrogym.algos.plugins import import_plugin
     from entrogym.envs import BUILTIN_ENV_IDS
 
     module, _, name = env_id.rpartition(":")
     if module:
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            raise ValueError(
-                f"{option} {env_id!r}: cannot import module {module!r} ({exc}); put it on "
-                "PYTHONPATH or install it"
-            ) from exc
+        import_plugin(module, f"{option} {env_id!r}")
     try:
         gym.spec(name)
     except gym.error.Error as exc:
@@ -53,14 +47,21 @@ def check_env_builds(
     held_out: bool = False,
 ) -> None:
     """The env can be made with ``env_kwargs`` (an unknown dataset or game, a missing extra, a
-    bad keyword) and, with ``split_option``, has ``split`` (:func:`_check_split`): one
+    bad keyword, an env of the user's that raises or exits while it is made) and, with ``split_option``, has ``split`` (:func:`_check_split`): one
     ValueError line, before the run folder is made or a model loads."""
+    from entrogym.algos.plugins import describe_exception
     from entrogym.envs.base import make_text_env
 
     try:
         env = make_text_env(env_id, **env_kwargs)
     except (TypeError, FileNotFoundError) as exc:  # not a text env; a bad keyword; no data
         raise ValueError(f"{option} {env_id!r}: {exc}") from exc
+    except (ValueError, KeyboardInterrupt):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - an env of the user's may raise or exit
+        raise ValueError(
+            f"{option} {env_id!r}: making the env raised {describe_exception(exc)}"
+        ) from None
     try:
         if split_option is not None:
             _check_split(env, env_id, split, split_option, held_out)

@@ -99,8 +99,10 @@ def _default_runs() -> tuple[str, ...]:
 
 def check_task(role: str, env: str, kwargs: dict[str, Any]) -> None:
     """The env makes, and has a ``test`` split to hold out (ValueError naming the option)."""
+    from entrogym.commands.preflight import check_env_id
     from entrogym.envs.base import make_text_env, task_ids_of
 
+    check_env_id(env, f"task_{role}")  # a module:id whose module fails to import: one line
     try:
         made = make_text_env(env, **kwargs)
     except Exception as exc:  # an unknown id or a keyword the env refuses

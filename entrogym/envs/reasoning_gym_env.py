@@ -20,6 +20,7 @@ used.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -68,6 +69,13 @@ def _check_names(names: list[str]) -> None:
         )
 
 
+def _is_weight(weight: Any) -> bool:
+    """A mix weight is a finite number > 0 (reasoning-gym's sampler refuses an infinite total
+    only when the first task is drawn)."""
+    number = isinstance(weight, int | float) and not isinstance(weight, bool)
+    return number and math.isfinite(weight) and weight > 0
+
+
 def _composite_specs(datasets: Any, config: Mapping[str, Any]) -> list[Any]:
     """``DatasetSpec``s from ``{name: weight}`` or ``[{name, weight, config}, ...]``."""
     from reasoning_gym.composite import DatasetSpec
@@ -88,8 +96,10 @@ def _composite_specs(datasets: Any, config: Mapping[str, Any]) -> list[Any]:
         if unknown or "name" not in item:
             raise ValueError(f"a datasets entry takes name, weight and config; got {item!r}")
         weight = item.get("weight", 1.0)
-        if not isinstance(weight, int | float) or isinstance(weight, bool) or not weight > 0:
-            raise ValueError(f"dataset {item['name']!r}: weight must be > 0, got {weight!r}")
+        if not _is_weight(weight):
+            raise ValueError(
+                f"dataset {item['name']!r}: weight must be a finite number > 0, got {weight!r}"
+            )
         specs.append(DatasetSpec(item["name"], float(weight), dict(item.get("config") or {})))
     if not specs:
         raise ValueError("datasets is empty; name at least one reasoning-gym dataset")

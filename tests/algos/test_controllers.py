@@ -104,8 +104,10 @@ def test_multiplicative_controller_follows_adapo():
     values = steps(c, [2.0] * 10)
     assert values[0] == pytest.approx(0.32 * 0.95) and values[-1] == pytest.approx(0.2)
     assert steps(c, [1.0]) == pytest.approx([0.2])  # equal: unchanged
-    with pytest.raises(ValueError, match="algo.controller.up must be >= 1"):
+    with pytest.raises(ValueError, match=r"^algo.controller.up must be >= 1, got 0.9$"):
         MultiplicativeParams(up=0.9)
+    with pytest.raises(ValueError, match=r"^algo.controller.down must be in \(0, 1\], got 0$"):
+        MultiplicativeParams(down=0)
 
 
 # ---------------------------------------------------------------- additive (TRL)
@@ -189,8 +191,10 @@ def test_pi_controller_dead_band_and_one_sided_range():
     assert steps(one_sided, [1.5]) == [0.0]  # min 0: never negative
     unsigned = make("pi", KL, kp=1.0, ki=0.0, init=1.0)
     assert unsigned.bounds() == (0.0, 10.0)  # a coefficient that cannot be negative
-    with pytest.raises(ValueError, match="algo.controller.kp and algo.controller.ki"):
+    with pytest.raises(ValueError, match=r"^algo.controller.kp must be >= 0, got -1.0$"):
         PIParams(kp=-1.0)
+    with pytest.raises(ValueError, match=r"^algo.controller.ki must be >= 0, got nan$"):
+        PIParams(ki=float("nan"))
     with pytest.raises(ValueError, match="algo.controller.deadband"):
         PIParams(deadband=1.0)
 

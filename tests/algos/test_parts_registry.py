@@ -222,7 +222,9 @@ def test_a_part_from_a_users_module_is_reached_as_module_colon_name(tmp_path: Pa
         assert EntropyControl(by_class).metrics()["gamma"] == 0.2
         with pytest.raises(ValueError, match="cannot import module 'no_such_module'"):
             build_algorithm({"name": "grpo", "lever": "no_such_module:x"})
-        with pytest.raises(ValueError, match="unknown lever 'my_levers:nothing'"):
+        with pytest.raises(
+            ValueError, match="lever 'my_levers:nothing': module 'my_levers' has no 'nothing'"
+        ):
             build_algorithm({"name": "grpo", "lever": "my_levers:nothing"})
     finally:
         for key in ("half-bonus", "my_levers:half-bonus", "my_levers:Unregistered"):

@@ -63,7 +63,7 @@ def test_sequential_runs_both_stages_and_writes_the_summary(
     ("argv", "message"),
     [
         (["--task-b", "tests.vowel_env:test/Vowel-v0"], "no held-out 'test' split"),
-        (["--task-b", "entrogym/NoSuch-v0"], "task_b: cannot make"),
+        (["--task-b", "entrogym/NoSuch-v0"], "task_b 'entrogym/NoSuch-v0' is not a registered env"),
         (["--pair", "nope"], "unknown pair"),
         (["--pass-samples", "0"], "pass_samples must be >= 1"),
         (["--runs", "grpo --algo.lever nope"], "runs:"),

@@ -101,7 +101,7 @@ def test_answer_extraction() -> None:
         ({"dataset": "leg_countin"}, "unknown reasoning-gym dataset.*leg_counting"),
         ({}, "name one reasoning-gym dataset"),
         ({"dataset": "leg_counting", "datasets": {"gcd": 1}}, "not both"),
-        ({"datasets": {"gcd": 0}}, "weight must be > 0"),
+        ({"datasets": {"gcd": 0}}, "weight must be a finite number > 0"),
         ({"datasets": {"nope": 1}}, "unknown reasoning-gym dataset"),
         ({"dataset": "leg_counting", "config": {"no_such_field": 1}}, "bad config"),
         ({"dataset": "leg_counting", "size": 0}, "size must be"),

@@ -58,7 +58,7 @@ def test_grid_values_are_typed_and_crossed() -> None:
         ),
         (
             ["--algos", "repo-d", "--algo.controller", "pi", "--algo.controller.kp", "-1"],
-            ["algo.controller.kp and algo.controller.ki must be >= 0"],
+            ["algo.controller.kp must be >= 0, got -1"],
         ),
         (["--algos", "grpo", "--lr", ","], ["empty grid", "lr"]),
         (["--algos", "grpo"], ["empty grid"]),
