@@ -17,6 +17,8 @@ import re
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from entrogym.models import BUILTIN_MODELS, built_model, prepare_model
+
 # config.json fields an adapter cannot move across: its matrices are shaped by them
 IDENTITY = (
     "model_type",
@@ -37,8 +39,6 @@ def _is_hub_id(name: str) -> bool:
 def _config_file(name: str, *, prepare: bool) -> Path | None:
     """``config.json`` of the model ``name`` on this machine, or None: a folder, a built-in
     (built first with ``prepare``), or a hub id already in the local Hugging Face cache."""
-    from entrogym.models import BUILTIN_MODELS, built_model, prepare_model
-
     if name in BUILTIN_MODELS:
         folder = Path(prepare_model(name)) if prepare else built_model(name)
         return None if folder is None else folder / "config.json"
@@ -101,7 +101,11 @@ def base_model_mismatch(base: str, model: str, *, prepare: bool = True) -> Misma
     base_dir, model_dir = Path(base).expanduser(), Path(model).expanduser()
     if base_dir.is_dir() and model_dir.is_dir() and base_dir.resolve() == model_dir.resolve():
         return None
-    ours, theirs = model_identity(model, prepare=prepare), model_identity(base)
+    if base in BUILTIN_MODELS and model in BUILTIN_MODELS:  # distinct models by construction
+        return Mismatch("(two different built-in models)", True)
+    # Their side first: without it only the names can tell, and ours need not be built.
+    theirs = model_identity(base)
+    ours = None if theirs is None else model_identity(model, prepare=prepare)
     if ours is not None and theirs is not None:
         differ = [k for k in IDENTITY if ours[k] != theirs[k]]
         if not differ:

@@ -200,3 +200,14 @@ def test_a_hub_id_in_the_local_cache_is_compared_by_its_config(
     _set_base(adapter, "some-org/tiny-random-llama")  # the model's name, another config.json
     with pytest.raises(ValueError, match="config.json differ: model_type 'qwen3' vs 'llama'"):
         verify_adapter(str(adapter), MODEL, option="adapter")
+
+
+def test_a_name_without_a_config_never_builds_the_other_model(tmp_path: Path, monkeypatch) -> None:
+    from entrogym.train.model_identity import base_model_mismatch
+
+    monkeypatch.setenv("ENTROGYM_CACHE", str(tmp_path / "cache"))
+    mismatch = base_model_mismatch("some-org/other-model-7b", "smollm2-135m-instruct")
+    assert mismatch is not None and not mismatch.certain
+    assert "'some-org/other-model-7b' has no config.json" in mismatch.why
+    assert not (tmp_path / "cache").exists()  # nothing was built to compare with
+    assert base_model_mismatch("/elsewhere/smollm2-135m-instruct", "smollm2-135m-instruct") is None
