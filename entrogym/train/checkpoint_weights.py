@@ -61,8 +61,12 @@ def load_weights(model: torch.nn.Module, adapter_dir: Path, *, what: str) -> Non
         try:
             result = set_peft_model_state_dict(model, weights)
         except RuntimeError as exc:  # size mismatch: another rank or another base model
+            # torch lists every mismatched tensor on a line of its own: one says enough
+            lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+            sizes = [line for line in lines if line.startswith("size mismatch")]
+            shown = f"{sizes[0]} and {len(sizes) - 1} more" if sizes else lines[0]
             raise ValueError(
-                f"{what}: the adapter in {adapter_dir} does not fit this model ({exc}). "
+                f"{what}: the adapter in {adapter_dir} does not fit this model ({shown}). "
                 "Use an adapter trained on the same base model with the same LoRA settings."
             ) from exc
         missing = [k for k in result.missing_keys if "lora_" in k]
