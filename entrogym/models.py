@@ -325,6 +325,14 @@ def _prepare(
     return final
 
 
+def built_model(name: str, cache_dir: str | os.PathLike | None = None) -> Path | None:
+    """The cache folder of built-in ``name`` when it is built already, else None (builds
+    nothing)."""
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    folder = root / "models" / name
+    return folder if name in BUILTIN_MODELS and _is_current(folder) else None
+
+
 def prepare_model(
     name: str, cache_dir: str | os.PathLike | None = None, force: bool = False
 ) -> str:

@@ -17,7 +17,6 @@ from typing import Any, Literal
 
 from entrogym.agents.config import AgentConfig
 from entrogym.atomic import atomic_write_text
-from entrogym.commands.adapters import check_adapter_base
 from entrogym.commands.options import make_parser, parse_options, run_command
 from entrogym.commands.preflight import (
     check_cache,
@@ -26,6 +25,7 @@ from entrogym.commands.preflight import (
     check_model_fits,
     check_writable_dir,
 )
+from entrogym.train.adapter_check import verify_adapter
 from entrogym.train.evaluation import (
     REPORT_HOOK,
     EvalPlan,
@@ -138,7 +138,7 @@ def build_parser() -> Any:
 
 def prepare(cfg: EvalConfig) -> EvalPlan:
     """Check the options, the env and the adapter before any model is loaded (ValueError)."""
-    from entrogym.models import BUILTIN_MODELS, resolve_model
+    from entrogym.models import BUILTIN_MODELS
 
     served = bool(cfg.engine_urls)
     check_env_id(cfg.env)
@@ -161,7 +161,7 @@ def prepare(cfg: EvalConfig) -> EvalPlan:
     if cfg.report_options and REPORT_HOOK not in plan.hooks:
         raise ValueError(f"report_options: env {cfg.env!r} has no {REPORT_HOOK} hook to take them")
     if cfg.adapter is not None:
-        check_adapter_base(cfg.adapter, cfg.model, None if served else resolve_model(cfg.model))
+        verify_adapter(cfg.adapter, cfg.model, option="adapter", served=served)
     return plan
 
 

@@ -20,8 +20,14 @@ from entrogym.train.checkpoint_verify import (
     NAME_RE,
     PLAIN_WEIGHTS,
     best_checkpoint,
+    checkpoint_problem,
     latest_checkpoint,
     read_meta,
+)
+from entrogym.train.model_identity import base_model_mismatch
+
+_SOURCES = (
+    "pass a run folder, a checkpoint folder (RUN/checkpoints/iter-N) or a peft adapter folder"
 )
 
 
@@ -55,8 +61,12 @@ def load_weights(model: torch.nn.Module, adapter_dir: Path, *, what: str) -> Non
         try:
             result = set_peft_model_state_dict(model, weights)
         except RuntimeError as exc:  # size mismatch: another rank or another base model
+            # torch lists every mismatched tensor on a line of its own: one says enough
+            lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+            sizes = [line for line in lines if line.startswith("size mismatch")]
+            shown = f"{sizes[0]} and {len(sizes) - 1} more" if sizes else lines[0]
             raise ValueError(
-                f"{what}: the adapter in {adapter_dir} does not fit this model ({exc}). "
+                f"{what}: the adapter in {adapter_dir} does not fit this model ({shown}). "
                 "Use an adapter trained on the same base model with the same LoRA settings."
             ) from exc
         missing = [k for k in result.missing_keys if "lora_" in k]
@@ -75,41 +85,70 @@ def load_weights(model: torch.nn.Module, adapter_dir: Path, *, what: str) -> Non
     model.load_state_dict(load_file(str(weights_file)))
 
 
-def _same_model(a: str, b: str) -> bool:
-    if a.rstrip("/") == b.rstrip("/"):
-        return True
-    return os.path.exists(a) and os.path.exists(b) and os.path.realpath(a) == os.path.realpath(b)
-
-
 def check_base_model(meta: dict[str, Any], base_model: str | None, path: Path) -> None:
+    """The checkpoint at ``path`` (its ``meta``) was trained on ``base_model``, told by the
+    models' own ``config.json`` (``entrogym.train.model_identity``); ValueError otherwise."""
     saved = meta.get("base_model")
-    if base_model is not None and saved is not None and not _same_model(saved, base_model):
+    if base_model is None or saved is None:
+        return
+    mismatch = base_model_mismatch(str(saved), base_model)
+    if mismatch is not None:
         raise ValueError(
-            f"checkpoint {path} was trained on base model {saved!r}, but this run uses "
-            f"{base_model!r}. Pass the same --model as the run that saved it, or start "
-            "from the base model without this checkpoint."
+            f"checkpoint {path} was trained on base model {saved!r}, not {base_model!r} "
+            f"{mismatch.why}. "
+            "Pass the same --model as the run that saved it, or start from the base model "
+            "without this checkpoint."
         )
 
 
-def resolve_adapter(source: str | os.PathLike[str]) -> Path:
+def checkpoint_of(adapter: Path) -> Path | None:
+    """The checkpoint folder ``adapter`` belongs to (``RUN/checkpoints/iter-N/adapter``), or
+    None for an adapter folder of its own."""
+    parent = adapter.parent
+    if adapter.name == ADAPTER_DIR and (
+        (parent / META_FILE).exists() or NAME_RE.match(parent.name)
+    ):
+        return parent
+    return None
+
+
+def verified_meta(checkpoint: Path, option: str) -> dict[str, Any]:
+    """``meta.json`` of ``checkpoint``, after every file matched its size and sha256 there
+    (as ``--resume`` checks); one ValueError line saying what to do otherwise."""
+    problem = checkpoint_problem(checkpoint)
+    if problem:
+        raise ValueError(
+            f"{option}: checkpoint {checkpoint} is damaged: {problem}; use another checkpoint "
+            f"of that run ({checkpoint.parent}/iter-*)"
+        )
+    return read_meta(checkpoint, checksums=False)  # verified just above
+
+
+def resolve_adapter(source: str | os.PathLike[str], option: str = "init_adapter") -> Path:
     """The adapter folder meant by ``source``: a checkpoint folder, a run folder (its best
-    checkpoint, else its latest) or a plain peft adapter folder."""
-    src = Path(source)
+    checkpoint, else its latest) or a plain peft adapter folder. A checkpoint's adapter (also
+    one named by its own folder, ``.../iter-N/adapter``) is verified against its sha256s."""
+    src = Path(source).expanduser()
     if not src.exists():
-        raise ValueError(f"--init-adapter: {src} does not exist")
+        raise ValueError(f"{option}: {src} does not exist; {_SOURCES}")
+    if not src.is_dir():
+        raise ValueError(f"{option}: {src} is a file, not a folder; {_SOURCES}")
     if (src / CHECKPOINTS_DIR).is_dir():
         found = best_checkpoint(src) or latest_checkpoint(src)
         if found is None:
-            raise ValueError(f"--init-adapter: run folder {src} has no complete checkpoint")
+            raise ValueError(f"{option}: run folder {src} has no complete checkpoint; {_SOURCES}")
         src = found
     if (src / META_FILE).exists() or NAME_RE.match(src.name):
-        read_meta(src)  # raises with the reason when incomplete
+        verified_meta(src, option)
         return src / ADAPTER_DIR
     if (src / "adapter_config.json").is_file() or (src / PLAIN_WEIGHTS).is_file():
+        checkpoint = checkpoint_of(src)
+        if checkpoint is not None:
+            verified_meta(checkpoint, option)
         return src
     raise ValueError(
-        f"--init-adapter: {src} is neither a run folder, a checkpoint folder nor a peft "
-        "adapter folder (adapter_config.json)"
+        f"{option}: {src} is neither a run folder, a checkpoint folder nor a peft adapter "
+        "folder (adapter_config.json)"
     )
 
 
@@ -123,7 +162,8 @@ def load_adapter_into(
     the paper's sequential training starts a new run from another run's best checkpoint.
     Returns the adapter folder used."""
     adapter = resolve_adapter(adapter_dir_or_checkpoint)
-    if adapter.name == ADAPTER_DIR and (adapter.parent / META_FILE).exists():
-        check_base_model(read_meta(adapter.parent), base_model, adapter.parent)
+    checkpoint = checkpoint_of(adapter)
+    if checkpoint is not None:
+        check_base_model(read_meta(checkpoint, checksums=False), base_model, checkpoint)
     load_weights(model, adapter, what=f"--init-adapter {adapter_dir_or_checkpoint}")
     return adapter

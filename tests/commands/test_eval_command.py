@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 import entrogym  # noqa: F401
-from entrogym.commands.adapters import check_adapter_base
 from entrogym.commands.eval import cli
 from entrogym.envs.base import make_text_env
+from entrogym.train.adapter_check import verify_adapter
 from entrogym.train.evaluation import held_out_split
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -54,13 +54,10 @@ def llama_adapter(tmp_path_factory) -> Path:
 
 
 def test_an_adapter_for_another_base_model_is_refused(llama_adapter: Path, capsys) -> None:
-    from entrogym.models import resolve_model
-
     argv = ["--env", "entrogym/Arithmetic-v0", "--model", "tiny-random-qwen3", "--engine", "hf"]
     assert cli([*argv, "--adapter", str(llama_adapter), "--max-tasks", "1"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "trained on base model" in err and "tiny-random-qwen3" in err
-    llama = resolve_model("tiny-random-llama")
-    assert check_adapter_base(str(llama_adapter), "tiny-random-llama", llama)
+    assert verify_adapter(str(llama_adapter), "tiny-random-llama", option="adapter")
     with pytest.raises(ValueError, match="not a LoRA adapter folder"):
-        check_adapter_base(str(llama_adapter.parent), "tiny-random-llama", llama)
+        verify_adapter(str(llama_adapter.parent), "tiny-random-llama", option="adapter")

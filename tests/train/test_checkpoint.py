@@ -143,8 +143,9 @@ def test_init_adapter_sources(peft_run, tmp_path):
         resolve_adapter(tmp_path / "nope")
     with pytest.raises(ValueError, match="neither"):
         resolve_adapter(tmp_path)
-    with pytest.raises(ValueError, match="does not fit|does not match"):
+    with pytest.raises(ValueError, match="does not fit|does not match") as refused:
         load_adapter_into(_tiny_peft(rank=2), path)
+    assert "\n" not in str(refused.value)  # one line, not one per tensor
 
 
 def _linear(seed: int) -> torch.nn.Module:
