@@ -58,7 +58,9 @@ def test_sigterm_to_the_group_at_every_stage_checkpoints_exits_143_and_resumes(t
     # (fault, the iteration checkpointed when it stops); each stage resumes the one before
     stages = [
         ("term-at-startup", None),  # while the policy loads
-        ("term-at-worker-start", None),  # the env worker is still importing
+        # both env workers of iteration 0 (one per task) are still importing: every episode
+        # fails in them unless they ignore the signal
+        ("term-at-worker-start:2", None),
         ("term-in-rollouts:8", 0),  # iteration 1's rollouts (6 env steps an iteration)
         ("term-in-update:2", 2),  # the update is finished, then checkpointed (not due)
         ("term-in-save", 3),  # the checkpoint of iteration 3 (due) completes

@@ -7,7 +7,7 @@ that it lands there and nowhere else however loaded the machine is.
 - ``kill-in-save:N``: SIGKILL of the trainer alone right after the N-th checkpoint's files are
   written and fsynced, before the folder is renamed into place;
 - ``term-at-startup``: SIGTERM to the group as the policy starts loading;
-- ``term-at-worker-start``: SIGTERM to the group right after the first env worker process
+- ``term-at-worker-start:N``: SIGTERM to the group right after the N-th worker process
   started (it is still importing its modules);
 - ``term-in-rollouts:N``: SIGTERM to the group at the N-th env step of the process;
 - ``term-in-update:I``: SIGTERM to the group as iteration I's update starts;
@@ -101,7 +101,7 @@ def _inject(fault: str) -> None:
     elif kind == "term-at-startup":
         _on_call(Learner, "__init__", _nth(1), term)
     elif kind == "term-at-worker-start":
-        _on_call(WorkerProcess, "__init__", _nth(1), term, after=True)
+        _on_call(WorkerProcess, "__init__", _nth(int(arg)), term, after=True)
     elif kind == "term-in-rollouts":
         _on_call(RemoteEnv, "step", _nth(int(arg)), term)
     elif kind == "term-in-update":
