@@ -11,6 +11,12 @@ A worker is a fresh ``python -c`` process (never a fork of the caller, which may
 vLLM or many threads) speaking length-prefixed messages over its stdin and stdout, encoded as
 JSON or pickle. Its side (:func:`serve`) sets an address-space limit, keeps the protocol on a
 private copy of stdout (libraries that print go to stderr) and exits when its parent is gone.
+
+SIGINT and SIGTERM never stop a worker: Ctrl-C reaches the whole process group and schedulers
+(SLURM, Kubernetes) signal every process of a job, so the caller alone decides when to stop
+(the trainer checkpoints first) and then kills its workers. A worker ignores both from its
+first instruction: they stay blocked from the fork until it has set them to ``SIG_IGN``, so a
+signal sent while it starts (its imports take seconds) cannot kill it either.
 """
 
 from __future__ import annotations
@@ -34,6 +40,13 @@ from typing import Any, Literal
 Codec = Literal["json", "pickle"]
 _FRAME = struct.Struct(">I")
 TIMED_OUT = object()  # what :meth:`WorkerProcess.receive` returns at its deadline
+_CALLER_STOPS = (signal.SIGINT, signal.SIGTERM)  # the caller's to act on, never a worker's
+# The worker's first statements: ignore the caller's signals, then take any that came while
+# they were blocked (setting SIG_IGN discards a pending signal).
+_PRELUDE = (
+    "import signal; s = (signal.SIGINT, signal.SIGTERM); "
+    "[signal.signal(n, signal.SIG_IGN) for n in s]; signal.pthread_sigmask(signal.SIG_UNBLOCK, s); "
+)
 
 
 class WorkerDied(EOFError):
@@ -63,13 +76,19 @@ class WorkerProcess:
         env = {**os.environ, **(env or {})}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         self.codec = codec
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", f"from {module} import {function}; {function}()"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL if quiet else None,
-            env=env,
-        )
+        # Blocked in this thread while it forks: the child inherits the mask across exec and
+        # unblocks only after ignoring them (_PRELUDE). Other threads still take the signal.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _CALLER_STOPS)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", f"{_PRELUDE}from {module} import {function}; {function}()"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL if quiet else None,
+                env=env,
+            )
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         self._buf = b""
 
     @property
@@ -178,6 +197,12 @@ def _ignore(signum: int, frame: Any) -> None:
     return None
 
 
+def _caller_gone() -> None:
+    """The protocol pipe broke: the caller died (``kill -9``) or closed it, and nobody reads
+    a reply any more. Exit quietly; there is nothing to report and nobody to report it to."""
+    os._exit(0)
+
+
 def _exit_with_parent() -> None:
     parent = os.getppid()
 
@@ -205,32 +230,41 @@ def serve(
     """
     if memory_mb is not None:
         limit_memory(memory_mb)
-    # Ctrl-C reaches the whole process group and schedulers signal every process of a job:
-    # the caller decides when to stop, and a worker that died of it would fail the work in
-    # flight. A no-op handler (not SIG_IGN, which programs the worker starts would inherit);
-    # the worker still exits with its parent, and kill() is SIGKILL.
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    # The start-up ignored SIGINT and SIGTERM (module docstring). From here a no-op handler
+    # does the same, while programs the worker starts get the default actions back (SIG_IGN
+    # would be inherited across their exec); a handler that returns makes interrupted system
+    # calls resume (PEP 475), and the buffered writer below finishes an interrupted write.
+    for sig in _CALLER_STOPS:
         signal.signal(sig, _ignore)
     # Libraries print; keep the protocol channel private and send their output to stderr.
-    out = os.fdopen(os.dup(1), "wb", buffering=0)
+    out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     source = sys.stdin.buffer
     _exit_with_parent()
 
-    def write(obj: Any) -> None:
-        data = _encode(obj, codec)
-        out.write(_FRAME.pack(len(data)) + data)
+    def write(data: bytes) -> None:
+        try:
+            out.write(_FRAME.pack(len(data)))
+            out.write(data)
+            out.flush()
+        except BrokenPipeError:
+            _caller_gone()
 
-    write({"ready": True} if warm_up is None else warm_up())
+    def encode(reply: Any) -> bytes:
+        try:
+            return _encode(reply, codec)
+        except Exception as exc:  # noqa: BLE001 - an unencodable reply, MemoryError
+            if unsendable is None:
+                raise
+            return _encode(unsendable(reply, exc), codec)
+
+    write(_encode({"ready": True} if warm_up is None else warm_up(), codec))
     while True:
         header = source.read(_FRAME.size)
         if len(header) < _FRAME.size:
             return
         (size,) = _FRAME.unpack(header)
-        reply = handle(_decode(source.read(size), codec))
-        try:
-            write(reply)
-        except Exception as exc:  # noqa: BLE001 - an unencodable reply, MemoryError
-            if unsendable is None:
-                raise
-            write(unsendable(reply, exc))
+        message = source.read(size)
+        if len(message) < size:  # the caller died while sending
+            return
+        write(encode(handle(_decode(message, codec))))

@@ -391,8 +391,8 @@ def collect_rollouts(
             process-wide pool of that size; None = the default size), or 0 for this process
             (no time or memory limit). A factory ``env`` always runs in this process.
         env_timeout: seconds one env call may take in a worker (None = the pool's limit).
-        should_stop: checked after every generation step; when it returns True the episodes
-            in progress are abandoned and :class:`RolloutsInterrupted` is raised.
+        should_stop: checked after every generation step and once all episodes ended; when it
+            returns True the episodes are abandoned and :class:`RolloutsInterrupted` is raised.
 
     Failed episodes (env errors, see the module docstring) are returned too, with
     ``Episode.error`` set; one whose reset failed has no tokens.
@@ -410,9 +410,13 @@ def collect_rollouts(
     )  # fmt: skip
     try:
         collection.start(runs, seed)
-        while active := [r for r in runs if not r.done]:
+        while True:
+            # checked once more after the last step: episodes a signal failed (it may reach an
+            # env's processes first) must not count as the env's errors
             if should_stop is not None and should_stop():
                 raise RolloutsInterrupted("rollouts abandoned: the run was asked to stop")
+            if not (active := [r for r in runs if not r.done]):
+                break
             collection.step(active)
             if early_stop:
                 _cancel_if_early_stop(runs, k, min_done_per_task, min_done_fraction)

@@ -27,6 +27,9 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
+# How long closing waits for the rollout thread; it stops at its next generation step when its
+# ``collect`` checks :attr:`RolloutPipeline.stopping` (the trainer's does).
+JOIN_TIMEOUT_S = 60.0
 
 
 def sampling_version(iteration: int, max_staleness: int, floor: int = 0) -> int:
@@ -40,8 +43,8 @@ class RolloutPipeline(Generic[T]):
     ``get(i)`` returns iteration ``i``'s result (collected in the background when
     ``max_staleness >= 1``, right now when it is 0), ``published(v)`` says that version ``v``
     exists. An exception raised by ``collect`` is raised again by the ``get`` of its iteration.
-    Use as a context manager: leaving it stops the rollout thread after its current
-    collection (it is a daemon thread, so a failing run does not wait for it).
+    Use as a context manager: leaving it stops the rollout thread and waits for it
+    (:meth:`close`).
     """
 
     def __init__(
@@ -78,12 +81,21 @@ class RolloutPipeline(Generic[T]):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @property
+    def stopping(self) -> bool:
+        """Whether the pipeline was closed: a collection in progress should be abandoned."""
+        return self._stopping
+
     def close(self) -> None:
+        """Stop the rollout thread: it is told to (:attr:`stopping`) and waited for, at most
+        ``JOIN_TIMEOUT_S``. A daemon thread still inside a C++ call (a torch op) when the
+        interpreter exits aborts the process (SIGABRT, "terminate called without an active
+        exception"), so the thread must end before the run does."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        if self._thread is not None and not self._thread.is_alive():
-            self._thread.join()
+        if self._thread is not None:
+            self._thread.join(JOIN_TIMEOUT_S)
 
     def published(self, version: int) -> None:
         """Version ``version`` of the weights exists (its adapter is written)."""

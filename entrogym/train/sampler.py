@@ -93,6 +93,7 @@ class Sampler:
         # envs run in worker processes shared by this process's runs (0: in this process)
         self.env_workers = shared_env_workers(cfg.env_limits()) if cfg.env_workers else 0
         self._engine_lock = threading.Lock()  # rollouts (maybe a thread) and eval take turns
+        self._pipeline: RolloutPipeline | None = None  # the training loop's, once it runs
         self.tasks = _task_ids(cfg)  # a split smaller than tasks_per_iter is a config error
         self.eval_plan = _plan_evaluation(cfg)  # so is a bad eval split or eval env
         self.adapter: Path | None = None  # the current weights' adapter folder (engine input)
@@ -184,7 +185,7 @@ class Sampler:
     def pipeline(self, start: int, stop: int) -> RolloutPipeline:
         """Iterations ``start .. stop - 1``'s batches, collected ahead of the update by up to
         ``max_staleness`` versions (rank 0 alone collects)."""
-        return RolloutPipeline(
+        self._pipeline = RolloutPipeline(
             self.collect,
             max_staleness=self.cfg.max_staleness,
             start=start,
@@ -192,6 +193,12 @@ class Sampler:
             floor=min(self.versions.versions()) if self.versions is not None else start,
             on_thread_start=self._split_threads(),
         )
+        return self._pipeline
+
+    def _should_stop(self) -> bool:
+        """Whether rollouts in progress are abandoned: a signal asked the run to stop, or the
+        pipeline they run in was closed (the loop ended on an error)."""
+        return self.shutdown.requested() or (self._pipeline is not None and self._pipeline.stopping)
 
     def _split_threads(self) -> Any:
         """With rollouts beside the update and the engine in this process (``hf``), the two
@@ -282,7 +289,7 @@ class Sampler:
                 env_workers=self.env_workers,
                 env_timeout=cfg.env_timeout,
                 # under torchrun, rank 0 alone collects: a stop is only taken between iterations
-                should_stop=None if self.ranks.distributed else self.shutdown.requested,
+                should_stop=None if self.ranks.distributed else self._should_stop,
             )
         # An env that raises or breaks its contract fails its episode (logged once per message);
         # past the allowed share the run stops, naming the first failure.

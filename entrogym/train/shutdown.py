@@ -9,9 +9,15 @@ resume with --resume" and exits 128 + the signal's number (143 for SIGTERM, 130 
 
 If that takes longer than the grace period (``--shutdown-grace``, default 30 s), the process
 exits anyway with the same code; the checkpoints already written stay intact (they are
-written atomically), so at most the iterations since the last one are redone on resume. A
-second signal stops at once (Ctrl-C twice; ``multiprocessing``'s ``terminate()`` after a
-Ctrl-C).
+written atomically), so at most the iterations since the last one are redone on resume.
+
+A second signal (Ctrl-C twice) stops at once: :class:`StopNow` is raised wherever the main
+thread is, abandoning the step in progress (a checkpoint being written is removed again); the
+trainer records the stop in the run's history and exits with the same code. A third signal
+exits without any of that.
+
+The handlers are armed from start-up on (the command arms them before its heavy imports), so a
+signal that arrives while the model loads stops the run before its first iteration.
 """
 
 from __future__ import annotations
@@ -36,23 +42,39 @@ class Interrupted(Exception):
         self.exit_code = 128 + signum
 
 
+class StopNow(KeyboardInterrupt):
+    """A second signal: stop at once. A KeyboardInterrupt, so that no ``except Exception`` on
+    the way (an env's error handling, a retry loop) mistakes it for an error to carry on from."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
 class ShutdownRequest:
     """SIGTERM / SIGINT handlers for the life of a ``with`` block (in the main thread; in any
-    other thread it changes nothing and never asks to stop)."""
+    other thread it changes nothing and never asks to stop). Blocks may nest: the outermost
+    one arms and disarms."""
 
     def __init__(self, grace_s: float, prog: str = "entrogym train") -> None:
         self.grace_s, self.prog = grace_s, prog
         self.signum: int | None = None
+        self.signals = 0  # how many arrived
+        self._depth = 0
         self._previous: dict[int, Any] = {}
         self._timer: threading.Timer | None = None
 
     def __enter__(self) -> ShutdownRequest:
-        if threading.current_thread() is threading.main_thread():
+        self._depth += 1
+        if self._depth == 1 and threading.current_thread() is threading.main_thread():
             for sig in HANDLED:
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._depth -= 1
+        if self._depth:
+            return
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
@@ -64,12 +86,15 @@ class ShutdownRequest:
         return self.signum is not None
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.signum is not None:  # a second signal: stop now
-            if signum == signal.SIGINT:
-                raise KeyboardInterrupt
+        self.signals += 1
+        if self.signals == 2:
+            print(f"{self.prog}: received {signal.Signals(signum).name} again; stopping now",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            raise StopNow(self.signum or signum)
+        if self.signals > 2:  # the stop itself hangs
             print(f"{self.prog}: stopping now. interrupted; resume with --resume",
                   file=sys.stderr, flush=True)  # fmt: skip
-            os._exit(128 + signum)
+            os._exit(128 + (self.signum or signum))
         self.signum = signum
         print(
             f"{self.prog}: received {signal.Signals(signum).name}; stopping after the step in "
@@ -102,3 +127,15 @@ class ShutdownRequest:
             else ("no iteration had completed")
         )
         return Interrupted(self.signum, f"{signal.Signals(self.signum).name}: {where}")
+
+    def stopped_now(self, checkpoint: str | None) -> Interrupted:
+        """The exception that ends a run stopped by a second signal (:class:`StopNow`), naming
+        the newest checkpoint on disk."""
+        assert self.signum is not None
+        where = (
+            f"checkpoint {checkpoint} is the newest; the iterations after it will be redone"
+            if checkpoint
+            else "no checkpoint was written"
+        )
+        name = signal.Signals(self.signum).name
+        return Interrupted(self.signum, f"{name}, then a second signal: stopped at once; {where}")

@@ -41,7 +41,7 @@ from entrogym.train.pipeline import RolloutPipeline
 from entrogym.train.run import Run
 from entrogym.train.run_folder import NothingToDo, RunFileError
 from entrogym.train.sampler import PROBE_ITERATION, Sampler, TrainingStopped
-from entrogym.train.shutdown import Interrupted, ShutdownRequest
+from entrogym.train.shutdown import Interrupted, ShutdownRequest, StopNow
 from entrogym.train.state import TrainState
 
 __all__ = ["PROBE_ITERATION", "STOPS", "Trainer", "TrainingStopped", "train"]
@@ -53,11 +53,16 @@ class Trainer:
     (``entrogym.train.distributed`` explains the split)."""
 
     def __init__(
-        self, cfg: TrainConfig, engine: Engine | None = None, hooks: tuple[PhaseHook, ...] = ()
+        self,
+        cfg: TrainConfig,
+        engine: Engine | None = None,
+        hooks: tuple[PhaseHook, ...] = (),
+        shutdown: ShutdownRequest | None = None,
     ) -> None:
         """``engine``: a running rollout engine to share (its owner closes it); by default the
         sampler starts the one ``cfg`` names and closes it at the end. ``hooks`` watch the
-        phases of every iteration (``entrogym.train.phases``).
+        phases of every iteration (``entrogym.train.phases``). ``shutdown``: the signal
+        handlers that stop the run (:func:`train` arms them from start-up on).
 
         Config errors come first (an ``init_adapter`` that does not fit included), then the
         run-folder checks and its lock, so a wrong ``--out`` or a second writer fails before
@@ -65,7 +70,7 @@ class Trainer:
         self.cfg = cfg
         self.ranks = distributed.setup_ranks()
         self.phases = PhaseClock(hooks)
-        self.shutdown = ShutdownRequest(cfg.shutdown_grace)  # armed by train() around fit()
+        self.shutdown = shutdown or ShutdownRequest(cfg.shutdown_grace)
         self.algo = cfg.algorithm()  # a bad preset is a config error: before the folder
         if cfg.init_adapter:  # its checksums, base model and LoRA settings: before the folder
             lora = (cfg.lora_rank, cfg.lora_alpha, cfg.lora_target_modules)
@@ -110,6 +115,8 @@ class Trainer:
         if self.learner.device.type == "cuda":  # phase timings wait for queued GPU work
             self.phases.sync = torch.cuda.synchronize
         start = self.state.start
+        if self._stop_requested():  # a signal during start-up: nothing new to save
+            raise self._interrupted(start - 1)
         self.sampler.publish_adapter(start)
         self.sampler.publish_older_versions(start)
         self._probe_target()
@@ -123,8 +130,17 @@ class Trainer:
         rng_at_start = rng_state()  # what a checkpoint of it - 1 holds
         try:
             collected = distributed.on_main(lambda: pipeline.get(it), self.ranks)
+        except (EnvErrorBudgetExceeded, TrainingStopped):
+            # After a signal, failed episodes are its doing (it may reach an env's own
+            # processes first): a preemption, not an env error. Nothing of it was applied.
+            if not self._stop_requested():
+                raise
+            raise self._interrupted(it - 1, rng=rng_at_start) from None
+        except RolloutsInterrupted:
+            raise self._interrupted(it - 1, rng=rng_at_start) from None
+        try:
             row = self.iteration(it, collected)
-        except RolloutsInterrupted:  # nothing of iteration it was applied: save it - 1
+        except RolloutsInterrupted:  # the aepo lever's samples: nothing applied either
             raise self._interrupted(it - 1, rng=rng_at_start) from None
         self.state.iteration = it
         try:
@@ -296,25 +312,36 @@ def _seed_everything(seed: int) -> None:
 STOPS = (TrainingStopped, EnvErrorBudgetExceeded, RunFileError)
 
 
-def train(cfg: TrainConfig) -> Path:
+def train(cfg: TrainConfig, shutdown: ShutdownRequest | None = None) -> Path:
     """Run ``cfg`` to the end; returns the run folder. A ``--resume`` whose checkpoints already
     cover ``iterations`` says "nothing to do" and changes nothing. A run that stops early
     (:data:`STOPS`, or :class:`~entrogym.train.shutdown.Interrupted` on a signal) records why
-    in ``config_history.jsonl`` and raises."""
-    try:
-        trainer = Trainer(cfg)
-    except NothingToDo as done:
-        if not distributed.launched_by_torchrun() or int(os.environ.get("RANK", "0")) == 0:
-            print(done, flush=True)
-        return Path(cfg.out)
-    try:
-        with trainer.shutdown:  # SIGTERM / SIGINT: checkpoint, then Interrupted
+    in ``config_history.jsonl`` and raises. ``shutdown``: signal handlers the caller armed
+    already (the command does, before its imports); by default they are armed here."""
+    shutdown = shutdown or ShutdownRequest(cfg.shutdown_grace)
+    with shutdown:  # SIGTERM / SIGINT from here on: checkpoint, then Interrupted
+        if shutdown.requested():
+            raise shutdown.interrupted(None)
+        try:
+            trainer = Trainer(cfg, shutdown=shutdown)
+        except NothingToDo as done:
+            if not distributed.launched_by_torchrun() or int(os.environ.get("RANK", "0")) == 0:
+                print(done, flush=True)
+            return Path(cfg.out)
+        except StopNow:  # a second signal during start-up; the folder was released
+            raise shutdown.stopped_now(None) from None
+        try:
             trainer.fit()
-    except (*STOPS, Interrupted) as exc:
-        trainer.run.record_stop(exc)  # in config_history.jsonl
-        raise
-    finally:
-        trainer.close()
-        if trainer.ranks.distributed:
-            torch.distributed.destroy_process_group()
+        except StopNow:
+            saved = trainer.run.saved
+            stop = shutdown.stopped_now(None if saved is None else f"iter-{saved:06d}")
+            trainer.run.record_stop(stop)
+            raise stop from None
+        except (*STOPS, Interrupted) as exc:
+            trainer.run.record_stop(exc)  # in config_history.jsonl
+            raise
+        finally:
+            trainer.close()
+            if trainer.ranks.distributed:
+                torch.distributed.destroy_process_group()
     return trainer.run.dir

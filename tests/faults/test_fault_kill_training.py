@@ -7,57 +7,27 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import vowel_env  # registers test/Vowel-v0; TINY_RUN
+from train_process import start_train
 
 from entrogym.train.checkpoint import latest_checkpoint
 from entrogym.train.config import TrainConfig
 from entrogym.train.metrics import read_metrics
 from entrogym.train.trainer import train
 
-REPO = Path(__file__).resolve().parents[2]
 ITERATIONS = 4
 TINY = {**vowel_env.RESUMABLE_RUN, "checkpoint_every": 1}
-# The CLI, with an optional SIGKILL of itself right after the KILL_IN_SAVE-th checkpoint's
-# files are written and fsynced, before the folder is renamed into place.
-LAUNCH = """
-import os, signal, sys
-sys.path.insert(0, "tests")
-import vowel_env
-kill_at = int(os.environ.get("KILL_IN_SAVE", "0"))
-if kill_at:
-    from entrogym.train import checkpoint
-    real, calls = checkpoint._fsync_tree, [0]
-    def fsync_then_die(root):
-        real(root)
-        calls[0] += 1
-        if calls[0] == kill_at:
-            os.kill(os.getpid(), signal.SIGKILL)
-    checkpoint._fsync_tree = fsync_then_die
-from entrogym.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
 
 
 def _start(out: Path, resume: bool, kill_in_save: int = 0) -> subprocess.Popen:
-    args = ["train", "--out", str(out), "--iterations", str(ITERATIONS)]
-    for key, value in TINY.items():
-        args += [f"--{key.replace('_', '-')}", str(value)]
-    if resume:
-        args += ["--resume", "true"]
-    env = {**os.environ, "KILL_IN_SAVE": str(kill_in_save)}
-    return subprocess.Popen(
-        [sys.executable, "-c", LAUNCH, *args],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    """The CLI, with an optional SIGKILL of itself inside its ``kill_in_save``-th checkpoint
+    save (files written and fsynced, folder not yet renamed into place)."""
+    fault = f"kill-in-save:{kill_in_save}" if kill_in_save else ""
+    return start_train(out, TINY, ITERATIONS, resume=resume, fault=fault)
 
 
 def _kill_after_resume(p: subprocess.Popen, delay: float) -> str:
