@@ -23,6 +23,7 @@ from entrogym.train.checkpoint_verify import (
     latest_checkpoint,
     read_meta,
 )
+from entrogym.train.run_layout import is_entrogym_run
 
 
 def _is_peft(model: torch.nn.Module) -> bool:
@@ -97,10 +98,15 @@ def resolve_adapter(source: str | os.PathLike[str]) -> Path:
     src = Path(source)
     if not src.exists():
         raise ValueError(f"--init-adapter: {src} does not exist")
-    if (src / CHECKPOINTS_DIR).is_dir():
+    if (src / CHECKPOINTS_DIR).is_dir() or is_entrogym_run(src):
         found = best_checkpoint(src) or latest_checkpoint(src)
         if found is None:
-            raise ValueError(f"--init-adapter: run folder {src} has no complete checkpoint")
+            raise ValueError(
+                f"--init-adapter: {src} is a run folder with no complete checkpoint yet (a run "
+                "writes one every --checkpoint-every iterations and when it ends); pass it once "
+                f"its run has written one (`entrogym train --resume --out {src}` continues that "
+                "run), or pass a checkpoint or peft adapter folder"
+            )
         src = found
     if (src / META_FILE).exists() or NAME_RE.match(src.name):
         read_meta(src)  # raises with the reason when incomplete
