@@ -213,14 +213,18 @@ def check_model_fits(config: Any, lora_targets: list[str] | None = None) -> None
         missing_lora_targets(skeleton, lora_targets)
 
 
-def check_trackers(report_to: str) -> None:
-    """Every tracker of ``--report-to`` is installed (its extra is named otherwise)."""
+def check_trackers(report_to: str, out: str | os.PathLike) -> None:
+    """Every tracker of ``--report-to`` is installed (its extra is named otherwise), and every
+    local store it writes can be written."""
     from entrogym.extras import require
-    from entrogym.train.trackers import parse_report_to
+    from entrogym.train.trackers import parse_report_to, tracker_stores
 
-    for name in parse_report_to(report_to):
+    names = parse_report_to(report_to)
+    for name in names:
         if name != "tensorboard":
             require(name)
+    for what, folder in tracker_stores(names, Path(out).expanduser()):
+        check_writable_dir(folder, what)
 
 
 def check_cache() -> None:
@@ -250,7 +254,7 @@ def check_run_inputs(config: Any) -> None:
         )
     check_model(config.model, served=bool(config.engine_urls))
     check_writable_dir(config.out, "out")
-    check_trackers(config.report_to)
+    check_trackers(config.report_to, config.out)
     if config.model in BUILTIN_MODELS and not config.engine_urls:
         check_cache()
     check_model_fits(config, lora_targets=config.lora_target_modules)

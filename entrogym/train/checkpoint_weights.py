@@ -25,6 +25,7 @@ from entrogym.train.checkpoint_verify import (
     read_meta,
 )
 from entrogym.train.model_identity import base_model_mismatch
+from entrogym.train.run_layout import is_entrogym_run
 
 _SOURCES = (
     "pass a run folder, a checkpoint folder (RUN/checkpoints/iter-N) or a peft adapter folder"
@@ -133,10 +134,15 @@ def resolve_adapter(source: str | os.PathLike[str], option: str = "init_adapter"
         raise ValueError(f"{option}: {src} does not exist; {_SOURCES}")
     if not src.is_dir():
         raise ValueError(f"{option}: {src} is a file, not a folder; {_SOURCES}")
-    if (src / CHECKPOINTS_DIR).is_dir():
+    if (src / CHECKPOINTS_DIR).is_dir() or is_entrogym_run(src):
         found = best_checkpoint(src) or latest_checkpoint(src)
         if found is None:
-            raise ValueError(f"{option}: run folder {src} has no complete checkpoint; {_SOURCES}")
+            raise ValueError(
+                f"{option}: {src} is a run folder with no complete checkpoint yet (a run "
+                "writes one every --checkpoint-every iterations and when it ends); pass it once "
+                f"its run has written one (`entrogym train --resume --out {src}` continues that "
+                "run), or pass a checkpoint or peft adapter folder"
+            )
         src = found
     if (src / META_FILE).exists() or NAME_RE.match(src.name):
         verified_meta(src, option)

@@ -21,8 +21,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from entrogym.train.trackers import TB_DIR, TensorboardTracker, Trackers
+
 METRICS_FILE = "metrics.jsonl"
-TB_DIR = "tb"
 # Row fields that index the row rather than measure something; not sent to TensorBoard.
 _INDEX_FIELDS = frozenset({"iteration", "step", "kind"})
 
@@ -148,16 +149,15 @@ class MetricsLogger:
         self.nonfinite: dict[str, int] = {}  # field -> rows where it was NaN/inf (written null)
         self._fh = open(self.path, "ab")  # noqa: SIM115 (held open for the run)
         self._trackers = trackers  # entrogym.train.trackers.Trackers: the other --report-to
-        self._tb = None
         if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
             # Steps logged after the checkpoint are logged again; hide their old events.
             purge = None
             if resume_rows is not None:
                 purge = max((int(r.get("step", -1)) for r in kept), default=-1) + 1
                 _wait_for_a_later_second(self.run_dir / TB_DIR)
-            self._tb = SummaryWriter(str(self.run_dir / TB_DIR), purge_step=purge)
+            if self._trackers is None:
+                self._trackers = Trackers([], self.run_dir, {}, resume=resume_rows is not None)
+            self._trackers.add(TensorboardTracker(purge))
 
     def _open_existing(self, resume_rows: int | None) -> list[dict[str, Any]]:
         if not self.path.exists():
@@ -207,10 +207,6 @@ class MetricsLogger:
         self.rows += 1
         prefix = "eval/" if row["kind"] == "eval" else ""
         scalars = {prefix + tag: value for tag, value in _numeric_items(row)}
-        if self._tb is not None:
-            for tag, value in scalars.items():
-                self._tb.add_scalar(tag, value, global_step=int(step))
-            self._tb.flush()
         if self._trackers is not None:
             self._trackers.log(scalars, int(step))
 
@@ -231,14 +227,13 @@ class MetricsLogger:
             self.nonfinite[name] = self.nonfinite.get(name, 0) + 1
         return row
 
-    def close(self) -> None:
+    def close(self, quiet: bool = False) -> None:
+        """Close the file and the trackers (``quiet``: the run is stopping on an error of its
+        own; trackers that cannot close then are not reported)."""
         if not self._fh.closed:
             self._fh.close()
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
         if self._trackers is not None:
-            self._trackers.close()
+            self._trackers.close(quiet=quiet)
             self._trackers = None
 
     def __enter__(self) -> MetricsLogger:

@@ -54,6 +54,7 @@ class Run:
         self.saved: int | None = None  # the iteration of the newest checkpoint on disk
         self.resumed_from: Path | None = None  # the checkpoint the run goes on from
         self._resume_rows: int | None = None  # metrics rows to keep (None: a fresh file)
+        self.stopped = False  # the run stopped early (record_stop)
 
     def open(self) -> Path | None:
         """Rank 0: check ``--out`` (a run of this experiment, or new), take its lock, and find
@@ -107,6 +108,8 @@ class Run:
             return resumed
         self.say(f"entrogym train: no checkpoint in {self.dir}; starting from scratch")
         self._resume_rows = 0
+        if self.folder is not None and self.folder.saved_config is not None:
+            self.folder.restart = True  # its run learned nothing this one keeps: it starts over
         return None
 
     def start_logging(self, from_iteration: int) -> None:
@@ -163,6 +166,7 @@ class Run:
     def record_stop(self, exc: BaseException) -> None:
         """Append why the run stopped to the history (best effort: the error itself may be
         that the folder cannot be written)."""
+        self.stopped = True
         if self.folder is None or not self.ranks.main:
             return
         event = "interrupted" if isinstance(exc, Interrupted) else "stopped"
@@ -177,7 +181,7 @@ class Run:
     def close(self) -> None:
         """Close the metrics and trackers and release the folder's lock."""
         if self.logger is not None:
-            self.logger.close()
+            self.logger.close(quiet=self.stopped)  # the stop's own line is the one to read
         if self.folder is not None:
             self.folder.release()
 

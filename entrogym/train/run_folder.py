@@ -10,7 +10,7 @@ What a run folder guarantees (``docs/runs.md``, "Run folder safety"):
   run and ``--resume`` both refuse a folder that holds files but is not an entrogym run,
   before touching anything in it. Runs made before the marker existed are recognised by
   their layout (``config.yaml`` naming env, model and algo, next to ``checkpoints/`` or
-  ``adapters/``).
+  ``adapters/``). These read-only checks live in :mod:`entrogym.train.run_layout`.
 - **Starting over.** A run that stopped before its first checkpoint learned nothing a new
   config would contradict: a new start or a ``--resume`` in its folder starts it over, with
   changed values if need be (its rows are dropped; the history records a ``restart``).
@@ -41,17 +41,18 @@ import yaml
 
 from entrogym.atomic import atomic_write_text
 from entrogym.localserver import pid_alive
-from entrogym.yaml_limits import YamlTooLarge, safe_load
+from entrogym.train.run_layout import (
+    ADAPTERS_DIR,
+    CONFIG_FILE,
+    HISTORY_FILE,
+    LOCK_FILE,
+    MARKER_FILE,
+    RunFolderError,
+    check_usable,
+    read_yaml,
+)
 
-MARKER_FILE = "entrogym-run.json"
-LOCK_FILE = ".lock"
-CONFIG_FILE = "config.yaml"
-HISTORY_FILE = "config_history.jsonl"
-ADAPTERS_DIR = "adapters"
 MARKER_FORMAT = 1
-# What a run that got going writes; a fresh run refuses a folder holding any of them (it would
-# mix two runs). The marker and lock alone (a start that failed during setup) do not count.
-RUN_FILES = (CONFIG_FILE, "metrics.jsonl", "checkpoints", ADAPTERS_DIR, "tb")
 
 # Fields a resume may change: they decide how long the run goes on, what is logged and
 # evaluated, how often it checkpoints, and where and how fast the engine runs -- never what is
@@ -94,10 +95,6 @@ RESUMABLE_FIELDS = frozenset(
 # how a run was started, not a setting of the run.
 _NOT_COMPARED = frozenset({"algo", "algo_overrides", "resume"})
 _ADAPTER_RE = re.compile(r"^v(\d{6,})$")
-
-
-class RunFolderError(ValueError):
-    """The run folder cannot be used as asked (not a run, another experiment, a file...)."""
 
 
 class RunFolderBusy(RunFolderError):
@@ -196,34 +193,7 @@ class RunLock:
             _HELD.discard(self)
 
 
-# ----------------------------------------------------------------------------- recognising runs
-
-
-def _read_yaml(path: Path) -> Any:
-    """The YAML in ``path``; None if there is no such file; RunFolderError if unreadable or
-    refused by :func:`entrogym.yaml_limits.check_yaml`."""
-    try:
-        return safe_load(path.read_text(encoding="utf-8"), str(path))
-    except FileNotFoundError:
-        return None
-    except YamlTooLarge as exc:
-        raise RunFolderError(f"{exc}; restore the run's own config.yaml") from exc
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise RunFolderError(f"{path} is unreadable ({exc}); fix or restore it") from exc
-
-
-def is_entrogym_run(run_dir: str | os.PathLike[str]) -> bool:
-    """True if ``run_dir`` was written by entrogym's trainer (marker, or the old layout)."""
-    run_dir = Path(run_dir)
-    if (run_dir / MARKER_FILE).is_file():
-        return True
-    try:
-        config = _read_yaml(run_dir / CONFIG_FILE)
-    except RunFolderError:
-        return False
-    has_config = isinstance(config, dict) and {"env", "model", "algo"} <= config.keys()
-    has_layout = (run_dir / "checkpoints").is_dir() or (run_dir / ADAPTERS_DIR).is_dir()
-    return has_config and has_layout
+# ----------------------------------------------------------------------------- the marker
 
 
 def _write_marker(run_dir: Path) -> None:
@@ -235,41 +205,6 @@ def _write_marker(run_dir: Path) -> None:
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     atomic_write_text(run_dir / MARKER_FILE, json.dumps(marker, indent=2) + "\n")
-
-
-def has_checkpoint(run_dir: Path) -> bool:
-    """Whether ``run_dir`` holds a checkpoint folder (intact or not)."""
-    folder = run_dir / "checkpoints"
-    return folder.is_dir() and any(p.name.startswith("iter-") for p in folder.iterdir())
-
-
-def _check_usable(run_dir: Path, resume: bool) -> tuple[bool, bool]:
-    """Refuse a folder we must not write. Returns (whether it holds a run, whether that run
-    has no checkpoint yet: it failed before its first one and may start over)."""
-    if run_dir.exists() and not run_dir.is_dir():
-        raise RunFolderError(f"--out {run_dir} is a file; pass a folder for the run")
-    entries = sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else []
-    others = [name for name in entries if name not in (MARKER_FILE, LOCK_FILE)]
-    ours = [name for name in entries if name in RUN_FILES]
-    if others and not is_entrogym_run(run_dir):
-        if resume:
-            raise RunFolderError(
-                f"--resume: {run_dir} is not an entrogym run folder (no {MARKER_FILE}, no "
-                f"config.yaml with checkpoints/); it holds {', '.join(entries[:8])}. Nothing in "
-                "it was touched; pass the folder of an entrogym run, or a new --out without "
-                "--resume."
-            )
-        raise RunFolderError(
-            f"--out {run_dir} is not empty and not an entrogym run (it holds "
-            f"{', '.join(others[:8])}); nothing in it was touched. Pass a new or empty folder."
-        )
-    restart = bool(ours) and not has_checkpoint(run_dir)
-    if ours and not resume and not restart:
-        raise RunFolderError(
-            f"run folder {run_dir} already holds a run ({', '.join(ours)}); pass --resume "
-            "to continue it or --out NEW_DIR to start another"
-        )
-    return bool(ours), restart
 
 
 # ----------------------------------------------------------------------------- config check
@@ -386,7 +321,7 @@ def open_run_folder(run_dir: str | os.PathLike[str], config: dict[str, Any], *, 
     be used, :class:`RunFolderBusy` when another process writes it. Nothing is written before
     the checks pass; the marker is written first, then the lock is taken."""
     run_dir = Path(run_dir)
-    _check_usable(run_dir, resume)  # read-only: a refused folder is left as it was
+    check_usable(run_dir, resume)  # read-only: a refused folder is left as it was
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         if not (run_dir / MARKER_FILE).is_file():
@@ -395,9 +330,9 @@ def open_run_folder(run_dir: str | os.PathLike[str], config: dict[str, Any], *, 
     except OSError as exc:
         raise RunFolderError(f"--out {run_dir} is not writable ({exc})") from exc
     try:
-        has_run, restart = _check_usable(run_dir, resume)  # again under the lock: a writer
+        has_run, restart = check_usable(run_dir, resume)  # again under the lock: a writer
         # may have finished a run here between the first check and the lock
-        saved = _read_yaml(run_dir / CONFIG_FILE) if has_run else None
+        saved = read_yaml(run_dir / CONFIG_FILE) if has_run else None
         if saved is not None and not isinstance(saved, dict):
             raise RunFolderError(f"{run_dir / CONFIG_FILE} is not a mapping; fix or remove it")
         # a run without a checkpoint learned nothing that a changed config would contradict

@@ -17,11 +17,11 @@ from entrogym.train.config import TrainConfig
 from entrogym.train.run_folder import (
     RunFolderError,
     config_differences,
-    is_entrogym_run,
     open_run_folder,
     prune_adapters,
     resolved_algorithm,
 )
+from entrogym.train.run_layout import is_entrogym_run
 from entrogym.train.trainer import train
 
 SMALL = vowel_env.TINY_RUN
