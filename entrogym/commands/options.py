@@ -19,7 +19,7 @@ import json
 import re
 import sys
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -72,9 +72,12 @@ def make_parser(
     config_cls: type | None = None,
     skip: Iterable[str] = (),
     positionals: Iterable[str] = (),
+    groups: Mapping[str, Iterable[str]] | None = None,
 ) -> CommandParser:
     """A parser for ``config_cls``'s fields (its docstring's ``Args:`` are the help texts);
-    the fields named in ``positionals`` are positional arguments (a list one takes 1 or more)."""
+    the fields named in ``positionals`` are positional arguments (a list one takes 1 or more).
+    ``groups`` (title -> field names) sorts the options into help sections, in that order;
+    every option of ``config_cls`` must be in exactly one (ValueError otherwise)."""
     parser = CommandParser(prog=prog, description=description, exit_on_error=False)
     parser.add_argument(
         "--config", action=ActionConfigFile, help="YAML file with any of the options"
@@ -98,7 +101,33 @@ def make_parser(
             action.metavar = "PRESET"
             action.help = "the algorithm's preset; its options are listed at the end"
     parser.takes_algo = config_cls is not None and _has_algo(config_cls)
+    if groups is not None and config_cls is not None:
+        _regroup(parser, config_cls, groups)
     return parser
+
+
+def _regroup(parser: ArgumentParser, config_cls: type, groups: Mapping[str, Iterable[str]]) -> None:
+    """Move the options of ``config_cls`` out of the one section argparse gives a class into
+    one section per entry of ``groups``; the class's description stays above the first."""
+    names = {f.name for f in fields(config_cls)}
+    wanted = {title: tuple(dests) for title, dests in groups.items()}
+    listed = [d for dests in wanted.values() for d in dests]
+    unknown = sorted(set(listed) - names)
+    missing = sorted(names - set(listed))
+    twice = sorted({d for d in listed if listed.count(d) > 1})
+    if unknown or missing or twice:
+        raise ValueError(f"option groups of {config_cls.__name__}: unknown {unknown}, "
+                         f"in no group {missing}, in two groups {twice}")  # fmt: skip
+    by_dest = {a.dest: a for a in parser._actions if a.dest in names}
+    for group in [
+        g for g in parser._action_groups if any(a.dest in names for a in g._group_actions)
+    ]:
+        group._group_actions[:] = [a for a in group._group_actions if a.dest not in names]
+        if not group._group_actions:
+            parser._action_groups.remove(group)
+    for title, dests in wanted.items():
+        section = parser.add_argument_group(title)
+        section._group_actions.extend(by_dest[d] for d in dests if d in by_dest)
 
 
 def _has_algo(config_cls: type) -> bool:

@@ -11,6 +11,32 @@ from entrogym.train.config import TrainConfig
 from entrogym.train.shutdown import Interrupted, ShutdownRequest, StopNow
 
 PROG = "entrogym train"
+# ``entrogym train --help``'s sections: every TrainConfig field in exactly one, in the order a
+# run meets them (make_parser refuses a field left out, so a new option must be placed here).
+OPTION_GROUPS: dict[str, tuple[str, ...]] = {
+    "run: the run folder, resume, checkpoints, trackers, seeds and stopping": (
+        "out", "resume", "init_adapter", "iterations", "checkpoint_every", "seed",
+        "report_to", "max_bad_steps", "shutdown_grace",
+    ),
+    "rollout: the task, the env, the model that samples and how (shared with eval and the demo)": (
+        "env", "env_kwargs", "split", "tasks_per_iter", "samples", "early_stop_min_per_task",
+        "early_stop_fraction", "max_env_error_fraction", "env_workers", "env_timeout",
+        "env_max_memory_mb", "model", "engine", "engine_urls", "engine_dtype", "engine_decode",
+        "request_timeout", "max_lora_rank", "max_loras", "max_num_seqs", "max_response_tokens",
+        "max_context_tokens", "on_turn_budget", "temperature", "system_prompt", "chat_template",
+        "max_staleness", "ignore_eos",
+    ),
+    "learner: the LoRA policy, its scoring and its optimizer": (
+        "dtype", "lr", "weight_decay", "max_grad_norm", "micro_batch_size",
+        "micro_batch_tokens", "threads", "sampler_entropy_check", "score_layout",
+        "action_only_head", "lora_rank", "lora_target_modules", "lora_alpha",
+        "bf16_round_logprobs", "softmax_fix",
+    ),
+    "algorithm: the preset (its parts and knobs are listed at the end)": ("algo",),
+    "eval: held-out evaluation during training": (
+        "eval_env", "eval_env_kwargs", "eval_split", "eval_every", "eval_tasks", "eval_samples",
+    ),
+}  # fmt: skip
 
 
 def build_parser() -> Any:
@@ -18,6 +44,7 @@ def build_parser() -> Any:
         PROG,
         "RL-train a LoRA policy on a registered text env with a preset algorithm.",
         TrainConfig,
+        groups=OPTION_GROUPS,
     )
 
 
