@@ -13,7 +13,9 @@ from pathlib import Path
 
 import torch
 
-# The demo's GRPO configuration (entrogym/demo/config.py: demo_config); both workers read it.
+# The GRPO iteration both workers run: the demo's shapes (48 response tokens, 256 context tokens,
+# one epoch in two minibatches, LoRA 16/32, the TrainConfig defaults it keeps) at 6 tasks x 4
+# samples and lr 1e-3, the batch docs/performance.md measures (``--tasks``/``--samples`` change it).
 DEMO = {
     "tasks": 6,
     "samples": 4,
@@ -138,20 +140,3 @@ class PeakRss:
         self._stop.set()
         self._thread.join()
         return self.peak / 2**20
-
-
-def demo_prompts(model: str, tasks: int, k: int) -> tuple[object, list[list[int]]]:
-    """The demo's agent for ``model`` and the token ids of its first ``tasks`` training prompts,
-    each ``k`` times (a group of K rollouts per task): the rollout benchmarks' workload."""
-    from entrogym.agents.agent import LLMAgent
-    from entrogym.demo import AGENT, ENV, ENV_KWARGS
-    from entrogym.envs.base import make_text_env, task_ids_of
-
-    env = make_text_env(ENV, **ENV_KWARGS)
-    agent = LLMAgent.from_model(model, **AGENT.agent_kwargs())
-    prompts = []
-    for task in task_ids_of(env, "train")[:tasks]:
-        obs, _ = env.reset(options={"task_id": task})
-        prompts += [agent.start(obs).token_ids] * k
-    env.close()
-    return agent, prompts

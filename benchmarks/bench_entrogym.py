@@ -39,7 +39,7 @@ def train_config(
     max_staleness: int = 0,
 ) -> Any:
     """The demo's GRPO TrainConfig with the workload's shapes and the benchmark's options."""
-    from entrogym.demo import demo_config
+    from demo_workload import demo_config
 
     s = work.settings
     cfg = demo_config("grpo", out, work.iterations, s["lr"], eval_tasks=0)

@@ -34,11 +34,10 @@ import time
 from pathlib import Path
 
 import torch
-from bench_common import demo_prompts
+from demo_workload import AGENT, demo_prompts
 from jsonargparse import ArgumentParser
 
 from entrogym.agents.engines import SamplingParams, make_engine
-from entrogym.demo import AGENT
 from entrogym.models import resolve_model
 from entrogym.train.policy import LoraSettings, load_policy, save_adapter
 

@@ -1,9 +1,9 @@
 """The LLM demo's sweep (its runs: docs/results.md): one training run per cell, ``--jobs`` at a time.
 
 Each cell is the demo's TrainConfig (``entrogym.demo.demo_config``: SmolLM2-135M-Instruct,
-one-digit arithmetic, 6 tasks x 4 samples, 48 response tokens) with its own preset, knobs,
-learning rate, iteration count and seed. Every finished run appends one JSON line to
-``OUT/sweep.jsonl``: the settings, the per-iteration entropy, target, lever coefficient and
+one-digit arithmetic, the demo's tasks x samples per iteration, 48 response tokens) with its own
+preset, knobs, learning rate, iteration count and seed. Every finished run appends one JSON line
+to ``OUT/sweep.jsonl``: the settings, the per-iteration entropy, target, lever coefficient and
 reward, ``tracking_error`` (mean |H / H_target - 1| over the second half), ``max_excursion``
 (the largest |H / H_target - 1| from the 3rd iteration on), the held-out accuracy rows, the
 wall time and the load average. Cells already in the file are skipped, so a sweep can be
@@ -28,8 +28,8 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-# The goal's excursion counts from the 3rd iteration on (docs/demo.md, "The goal it checks").
-FIRST_TRACKED = 2
+from entrogym.demo import FIRST_TRACKED, demo_config, parse_run, train_one
+
 COEFFICIENTS = ("zeta", "beta", "eps_high", "kl_coef", "clip_cov_ratio")
 
 CELL_KEYS = ("lr", "iters", "seed", "engine", "eval_tasks", "threads")
@@ -66,7 +66,6 @@ def _shown(value: float | str) -> str:
 
 
 def cell_name(cell: dict[str, Any]) -> str:
-    from entrogym.demo.config import parse_run
     from entrogym.train.algo_spec import label
 
     folder = parse_run(label(cell["algo"]))[1]
@@ -76,7 +75,6 @@ def cell_name(cell: dict[str, Any]) -> str:
 def run_cell(cell: dict[str, Any], out: Path) -> dict[str, Any]:
     """Train one cell through the demo's own runner (``train_one``); its per-iteration record,
     with the tracking, controller and timing columns the sweep's tables show."""
-    from entrogym.demo import demo_config, train_one
     from entrogym.train.metrics import read_metrics
     from entrogym.train.tracking import filled_targets, max_excursion, tracking_error
 

@@ -1,6 +1,6 @@
 """How much a batch's entropy estimate spreads for one fixed policy: sampled surprisal vs exact.
 
-The demo's workload (``entrogym.demo.config``: SmolLM2-135M-Instruct, the ``hf`` engine in fp32,
+The demo's workload (``demo_workload.py``: SmolLM2-135M-Instruct, the ``hf`` engine in fp32,
 one-digit ``entrogym/Arithmetic-v0``, TASKS x SAMPLES = 4 x 4 trajectories a batch, 48 response
 tokens) with the policy held fixed at the base model (the LoRA adapter at its init, which
 leaves the base model's outputs unchanged). The trainer that ``entrogym demo`` would build
@@ -75,7 +75,8 @@ def batch_estimates(trainer: Any, batch: Any) -> dict[str, float]:
 
 
 def measure(batches: int, threads: int | None, seed: int) -> dict[str, Any]:
-    from entrogym.demo.config import DEFAULT_LR, demo_config
+    from demo_workload import DEFAULT_LR, demo_config
+
     from entrogym.train.trainer import Trainer
 
     load_before = os.getloadavg()

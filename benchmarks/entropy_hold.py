@@ -5,17 +5,17 @@ on the demo's workload, for each seed, with the demo's goal checked per seed.
     nice -n 10 .venv/bin/python benchmarks/entropy_hold.py --out runs/entropy-hold \\
         --seeds 0 1 --iterations 20 --trl-delta 0.005,0.05
 
-The workload is ``entrogym demo``'s (``entrogym.demo.config``): SmolLM2-135M-Instruct in fp32,
+The workload is ``entrogym demo``'s (``entrogym.demo``): SmolLM2-135M-Instruct in fp32,
 the ``hf`` engine, one-digit ``entrogym/Arithmetic-v0``, its tasks x samples per iteration, 48
 response tokens, one epoch in two minibatches, the demo's LoRA and learning rate. entrogym's
 runs are demo run specs (``--runs``, default the demo's three) trained by the demo's own runner
-(``entrogym.demo.run``). TRL's row is ``GRPOTrainer`` with ``use_adaptive_entropy=True`` on the
+(``entrogym.demo.plan_jobs``, ``run_jobs``). TRL's row is ``GRPOTrainer`` with ``use_adaptive_entropy=True`` on the
 same model folder, prompts (in the order the trainer draws them), K, token budget, LoRA, lr,
 clip and batching (``trl_entropy.py`` in ``.venv-bench``, as ``iteration.py`` runs TRL), with
 ``entropy_target`` set to its first iteration's logged entropy and one row per
 ``--trl-delta`` (its ``entropy_coef_delta``; TRL's default 0.005). TRL's adapters, after the
 first and the last iteration's update, are scored by entrogym's own evaluation
-(``entrogym.demo.run.held_out_accuracy``: the same 40 test tasks, seed and sampling as the
+(``entrogym.demo.held_out_accuracy``: the same 40 test tasks, seed and sampling as the
 demo's eval rows), so both sides are measured by one grader. ``tracking_error`` and
 ``max_excursion`` of every row come from the demo's ``tracking`` and the verdict from its
 ``goal``.
@@ -63,6 +63,25 @@ from typing import Any
 
 from iteration import BENCH_PYTHON, HERE, bench_env_problem, build_workload, run_worker
 
+from entrogym.demo import (
+    AGENT,
+    DEFAULT_LR,
+    DEFAULT_RUNS,
+    ENV,
+    ENV_KWARGS,
+    SAMPLES,
+    TASKS,
+    goal,
+    held_out_accuracy,
+    parsed_run,
+    plan_jobs,
+    report,
+    run_job,
+    run_jobs,
+    tracking,
+    verdict,
+)
+
 TRL_DEFAULT_DELTA = 0.005
 
 
@@ -83,8 +102,7 @@ class TrlJob:
 
 def run_trl_job(job: TrlJob) -> dict[str, Any]:
     """TRL's run in ``.venv-bench``, then its two adapters scored by entrogym's evaluation; a
-    record in the shape of ``entrogym.demo.run.train_one``'s."""
-    from entrogym.demo.run import held_out_accuracy
+    record in the shape of ``entrogym.demo.train_one``'s."""
     from entrogym.train.precision import apply_threads
 
     start = time.perf_counter()
@@ -123,15 +141,11 @@ def run_trl_job(job: TrlJob) -> dict[str, Any]:
 
 def run_any(job: Any) -> dict[str, Any]:
     """The pool's job body: a TRL run or one of the demo's jobs."""
-    from entrogym.demo.run import run_job
-
     return run_trl_job(job) if isinstance(job, TrlJob) else run_job(job)
 
 
 def row(record: dict[str, Any]) -> dict[str, Any]:
     """One run's JSON row; tracking_error / max_excursion by the demo's own ``tracking``."""
-    from entrogym.demo.report import tracking
-
     return {
         "label": record["label"],
         "framework": "trl" if record["algo"] == "trl" else "entrogym",
@@ -149,8 +163,6 @@ def row(record: dict[str, Any]) -> dict[str, Any]:
 
 def summarize(records: list[dict[str, Any]], settings: dict[str, Any]) -> dict[str, Any]:
     """The benchmark's JSON: settings, one row per run, and the demo's goal per seed."""
-    from entrogym.demo.report import goal, verdict
-
     result = goal(records)
     per_seed: dict[str, dict[str, Any]] = {str(s): {} for s in sorted({r["seed"] for r in records})}
     for check in result["checks"]:
@@ -167,8 +179,6 @@ def summarize(records: list[dict[str, Any]], settings: dict[str, Any]) -> dict[s
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    from entrogym.demo.config import AGENT, DEFAULT_LR, DEFAULT_RUNS
-
     p = argparse.ArgumentParser(
         description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -195,8 +205,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def check_args(args: argparse.Namespace) -> str | None:
     """What is wrong with ``args`` (one line), or None; nothing loads a model."""
-    from entrogym.demo.config import parsed_run
-
     for spec in args.runs:
         try:
             parsed_run(spec)
@@ -230,9 +238,6 @@ def check_args(args: argparse.Namespace) -> str | None:
 
 def plan(args: argparse.Namespace, out: Path, workers: int, threads: int) -> list[Any]:
     """TRL's runs first (the slowest jobs), then entrogym's (the demo's ``plan_jobs``)."""
-    from entrogym.demo.config import SAMPLES, TASKS
-    from entrogym.demo.run import plan_jobs
-
     jobs: list[Any] = []
     for seed in [] if args.no_trl else args.seeds:
         ns = argparse.Namespace(model=args.model, tasks=TASKS, samples=SAMPLES, natural_lengths=True,
@@ -273,9 +278,6 @@ def main(argv: list[str] | None = None) -> int:
     if problem := check_args(args):
         print(f"entropy_hold: {problem}", file=sys.stderr)
         return 2
-    from entrogym.demo.config import ENV, ENV_KWARGS, SAMPLES, TASKS
-    from entrogym.demo.report import report
-    from entrogym.demo.run import run_jobs
     from entrogym.models import resolve_model
 
     start = time.perf_counter()

@@ -52,7 +52,8 @@ def bench_env_problem() -> str | None:
 
 def build_workload(args: argparse.Namespace) -> Workload:
     """The demo's tasks in the order the trainer draws them (``iteration_seed``)."""
-    from entrogym.demo import ENV, ENV_KWARGS, SYSTEM_PROMPT
+    from demo_workload import ENV, ENV_KWARGS, SYSTEM_PROMPT
+
     from entrogym.envs.base import make_text_env, task_ids_of
     from entrogym.models import resolve_model
     from entrogym.train.rng import iteration_seed

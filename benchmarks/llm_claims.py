@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from demo_workload import AGENT, DEFAULT_LR, ENV, ENV_KWARGS, demo_config
 from llm_claims_stats import bf16_clip_effect, mismatch_verdict, pool
 
 RATIO_BAND = (0.8, 1.2)  # GRPO's clip range: the mismatch a sampler adds is clipped outside it
@@ -37,7 +38,6 @@ RATIO_BAND = (0.8, 1.2)  # GRPO's clip range: the mismatch a sampler adds is cli
 def make_agent(model: str) -> Any:
     """The demo's conversation settings (system prompt, 48 response tokens) for ``model``."""
     from entrogym.agents.agent import LLMAgent
-    from entrogym.demo import AGENT
 
     return LLMAgent.from_model(model, **replace(AGENT, model=model).agent_kwargs())
 
@@ -47,7 +47,6 @@ def sample_batch(engine: Any, agent: Any, *, tasks: int, k: int, seed: int) -> A
     temperature 1 without truncation, with their rewards, as the trainer's padded ``UpdateBatch``."""
     from entrogym.agents.engines import SamplingParams
     from entrogym.agents.rollout import collect_rollouts
-    from entrogym.demo import ENV, ENV_KWARGS
     from entrogym.envs.base import make_text_env, task_ids_of
     from entrogym.train.batch import collate_episodes, usable_episodes
 
@@ -134,7 +133,6 @@ def bf16_clipping_claim(args: argparse.Namespace, model: str, agent: Any) -> dic
     """Claim 1 over ``args.seeds`` batches: per-seed rows and pooled rows per step."""
     from entrogym.agents.engines import make_engine
     from entrogym.algos.presets import get_algorithm
-    from entrogym.demo import AGENT, demo_config
     from entrogym.train.policy import LoraSettings, load_policy
 
     algo = get_algorithm(args.algo)
@@ -171,7 +169,6 @@ def mismatch_claim(args: argparse.Namespace, model: str, agent: Any) -> dict:
     """Claim 2: per sampler dtype, its batch scored by the exact fp32 learner; the verdict on
     the order of the dtypes."""
     from entrogym.agents.engines import make_engine
-    from entrogym.demo import AGENT
     from entrogym.train.mismatch import sampler_mismatch
     from entrogym.train.policy import load_base_model
 
@@ -291,7 +288,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> dict:
     """Both claims as one JSON-ready report."""
-    from entrogym.demo import DEFAULT_LR
     from entrogym.models import resolve_model
     from entrogym.train.precision import apply_threads
 

@@ -26,13 +26,13 @@ import sys
 import time
 
 import torch
+from demo_workload import ENV, ENV_KWARGS, SYSTEM_PROMPT
 
 
 def sample_batch(model_dir: str, tasks: int, k: int, tokens: int, seed: int):
     """Right-padded [B, T] ids / attention / action masks and the sampler's fp32 log-probs."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from entrogym.demo import ENV, ENV_KWARGS, SYSTEM_PROMPT
     from entrogym.envs.base import make_text_env, task_ids_of
 
     tok = AutoTokenizer.from_pretrained(model_dir)

@@ -1,7 +1,7 @@
 """Generated tokens per second, start-up and peak RSS of the ``vllm`` and ``hf`` engines on
 the demo's rollout shapes.
 
-The prompts are the demo's (``entrogym/demo/config.py``): the chat-formatted first observations of
+The prompts are the demo's (``demo_workload.py``): the chat-formatted first observations of
 ``--tasks`` arithmetic tasks with the demo's system prompt, each repeated ``--k`` times and
 sampled at temperature 1 with a ``--budget``-token limit in one batch (as one lockstep rollout
 turn is), with the engine settings the demo uses (``AGENT.engine_kwargs()``: fp32, 256-token
@@ -31,11 +31,11 @@ from jsonargparse import ArgumentParser
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_common import PeakRss, demo_prompts  # noqa: E402
+from bench_common import PeakRss  # noqa: E402
+from demo_workload import AGENT, demo_prompts  # noqa: E402
 
 import entrogym  # noqa: E402, F401
 from entrogym.agents.engines import SamplingParams, make_engine  # noqa: E402
-from entrogym.demo import AGENT  # noqa: E402
 
 
 def measure(kind: str, prompts: list[list[int]], params: SamplingParams, args) -> dict:

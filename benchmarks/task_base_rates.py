@@ -18,11 +18,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from demo_workload import AGENT
+
 from entrogym.agents.agent import LLMAgent
 from entrogym.agents.config import AgentConfig
 from entrogym.agents.engines import make_engine
 from entrogym.atomic import atomic_write_text
-from entrogym.demo.config import AGENT
 from entrogym.train.evaluation import evaluate_policy, mean_pass_at_k
 
 ARITHMETIC = "entrogym/Arithmetic-v0"

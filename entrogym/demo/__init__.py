@@ -12,6 +12,11 @@ most 100 columns) and says per seed whether the goal held: a controlled run stay
 +-25 % of its target at every iteration from the 3rd on, while GRPO ends at <= 0.5 of its
 first iteration's entropy and the run's held-out accuracy is no more than 0.05 below GRPO's
 (``report.py``). docs/demo.md is the guide.
+
+The runner and its grader are public too, for work that measures against the demo's own runs
+(``benchmarks/entropy_hold.py``): ``plan_jobs`` (every run and seed as a job), ``run_job`` (one
+job's body), ``run_jobs`` (a process pool), ``held_out_accuracy`` (the eval rows' grader for any
+adapter) and ``tracking`` (a run's tracking error and largest excursion from its target).
 """
 
 from entrogym.demo.config import (
@@ -26,17 +31,29 @@ from entrogym.demo.config import (
     ENV_KWARGS,
     FALL,
     FIRST_TRACKED,
+    SAMPLES,
     SYSTEM_PROMPT,
+    TASKS,
     demo_config,
     parse_run,
     parsed_run,
     split_run,
 )
-from entrogym.demo.report import goal, plot_demo, report, verdict
-from entrogym.demo.run import evaluate_base, run_demo, train_one
+from entrogym.demo.report import goal, plot_demo, report, tracking, verdict
+from entrogym.demo.run import (
+    evaluate_base,
+    held_out_accuracy,
+    plan_jobs,
+    run_demo,
+    run_job,
+    run_jobs,
+    train_one,
+)
 
 __all__ = [
-    "AGENT", "DEFAULT_ITERATIONS", "DEFAULT_LR", "DEFAULT_RUNS", "DEFAULT_SEEDS", "ENV",
-    "ENV_KWARGS", "FALL", "BAND", "ACCURACY_SLACK", "FIRST_TRACKED", "SYSTEM_PROMPT", "demo_config", "evaluate_base", "goal",
-    "parse_run", "parsed_run", "plot_demo", "report", "run_demo", "split_run", "train_one", "verdict",
+    "ACCURACY_SLACK", "AGENT", "BAND", "DEFAULT_ITERATIONS", "DEFAULT_LR", "DEFAULT_RUNS",
+    "DEFAULT_SEEDS", "ENV", "ENV_KWARGS", "FALL", "FIRST_TRACKED", "SAMPLES", "SYSTEM_PROMPT",
+    "TASKS", "demo_config", "evaluate_base", "goal", "held_out_accuracy", "parse_run",
+    "parsed_run", "plan_jobs", "plot_demo", "report", "run_demo", "run_job", "run_jobs",
+    "split_run", "tracking", "train_one", "verdict",
 ]  # fmt: skip

@@ -25,33 +25,32 @@ SYSTEM_PROMPT = "You are a careful calculator. Answer with the final number in \
 # iteration from the (FIRST_TRACKED + 1)-th on, while GRPO ends at <= FALL of its first
 # iteration's entropy and the run's held-out accuracy is at most ACCURACY_SLACK below GRPO's.
 BAND, FALL, ACCURACY_SLACK, FIRST_TRACKED = 0.25, 0.5, 0.05, 2
-# The runs, iterations, learning rate and seeds of ``make demo`` (the sweeps behind them are in
-# docs/results.md). A run is ``NAME=SPEC`` or a plain spec (labelled by ``parse_run``).
+# The runs, iterations, learning rate and seeds of ``make demo``; the runs that chose them are in
+# docs/results.md#smollm2-demo-the-demo-runs-and-the-sweeps-behind-its-settings. A run is
+# ``NAME=SPEC`` or a plain spec (labelled by ``parse_run``).
 DEFAULT_RUNS = (
     "grpo",
     # the paper's preset (zeta from 1e-3, doubling, capped at 0.05), tracking the sampled
-    # entropy as the paper does and as every measured demo did
+    # entropy as the paper does
     "repo-r=repo-r --algo.controller.estimator sampled",
-    # the LLM sweeps' best (docs/results.md, sixth sweep): the constraint H = H* by the method
-    # of multipliers, two-sided, against a target measured on four more batches of the initial
-    # policy before the first update (one batch of 16 is as noisy as the goal's band); it tracks
-    # the sampled estimate, as in every measured demo and sweep (the exact one, the library's
-    # default, is not yet measured on the demo: docs/results.md)
+    # the constraint H = H* by the method of multipliers, two-sided, against a target measured on
+    # four more batches of the initial policy before the first update (one batch of 16 is as
+    # noisy as the goal's band); it tracks the sampled estimate, the one its settings were chosen
+    # with (the library's default is the exact one)
     "held=grpo --algo.lever entropy-constraint --algo.lever.penalty 1 --algo.controller.min 0 "
     "--algo.controller.init 0 --algo.controller.target_probe 4 "
     "--algo.controller.estimator sampled",
 )
 DEFAULT_ITERATIONS = 15
-# At 5e-4 the entropy of every run fell from 1.2 to 0.3 of its start within one iteration, faster
-# than any controller answered; at 2.5e-4 the fall spans iterations 3-6 (docs/results.md).
+# slow enough that the entropy falls over several iterations (the 3rd to the 6th), which a
+# controller can answer; at 5e-4 every run's fell within one
 DEFAULT_LR = 2.5e-4
 # pass@k of every final policy and the base model: the first PASS_TASKS held-out tasks,
 # PASS_SAMPLES samples each (pass@1, @4, @16); 16 x 16 keeps the demo within 15 minutes
 PASS_TASKS, PASS_SAMPLES = 16, 16
 DEFAULT_SEEDS = (0,)  # three runs of one seed fit 15 minutes on 2 cores
-# Tasks x samples per iteration; half of them per minibatch (two optimizer steps). Four tasks
-# (the early sweeps in docs/results.md ran six) keep three runs of 15 iterations within 15 minutes on
-# 2 cores.
+# Tasks x samples per iteration, half of them per minibatch (two optimizer steps); four tasks
+# keep three runs of 15 iterations within 15 minutes on 2 cores.
 TASKS, SAMPLES = 4, 4
 # The rollout settings every part of the demo shares (the base model's eval and all runs).
 AGENT = AgentConfig(

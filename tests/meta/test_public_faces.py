@@ -7,7 +7,9 @@ import importlib
 import pytest
 
 
-@pytest.mark.parametrize("package", ["entrogym.algos", "entrogym.agents", "entrogym.train"])
+@pytest.mark.parametrize(
+    "package", ["entrogym.algos", "entrogym.agents", "entrogym.train", "entrogym.demo"]
+)
 def test_every_public_name_imports(package: str) -> None:
     module = importlib.import_module(package)
     assert module.__all__

@@ -21,8 +21,7 @@ import entropy_hold  # noqa: E402
 import iteration  # noqa: E402
 import trl_entropy  # noqa: E402
 
-from entrogym.demo.config import SAMPLES, TASKS  # noqa: E402
-from entrogym.demo.report import tracking  # noqa: E402
+from entrogym.demo import SAMPLES, TASKS, tracking  # noqa: E402
 
 TINY = ["--model", "tiny-random-llama", "--eval-tasks", "2"]
 
