@@ -126,6 +126,18 @@ def test_bad_algorithm_options_are_one_line_before_anything_loads(argv, needle, 
     assert err.count("\n") == 1 and needle in err and "Traceback" not in err, err
 
 
+@pytest.mark.parametrize("option", ["--ignore-eos", "--bf16-round-logprobs"])
+def test_benchmark_and_theory_switches_are_no_training_options(option, capsys) -> None:
+    # ignore_eos is the benchmark's (Sampler.ignore_eos), bf16 rounding an emulation the
+    # scorer applies on request (sequence_logprobs(..., bf16_round_logprobs=True))
+    from entrogym.commands.train import cli
+
+    assert option[2:].replace("-", "_") not in {f.name for f in fields(TrainConfig)}
+    assert cli([option, "true", "--model", "/nonexistent-model-folder"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"unrecognized arguments: {option}" in err, err
+
+
 def test_boolean_options_are_flags() -> None:
     assert parse_config(["--resume"]).resume is True
     assert parse_config(["--resume", "false"]).resume is False
