@@ -114,6 +114,29 @@ ALIAS_BOMB = (
         (["--algo", "repo-d", "--algo.loss.eps-low", "-1"], "eps_low must be in [0, 1)"),
         (["--algo", "repo-d", "--algo.controller.kp", "0.3"], "controllers that have it: pi"),
         (["--algo", "repo-d", "--algo.controller.kp"], "needs a value"),
+        # a controller takes only the knobs it reads: fixed holds its value and has no target
+        (
+            ["--algo", "repo-r", "--algo.controller", "fixed", "--algo.controller.kp", "0.3"],
+            "algo.controller.kp is not a knob of controller 'fixed'; its knobs: init;",
+        ),
+        (
+            ["--algo", "clip-cov", "--algo.controller.target", "0.8"],
+            "algo.controller.target is not a knob of controller 'fixed'; its knobs: init;",
+        ),
+        # probe batches measure a ratio target: refused where there is none to measure
+        (
+            ["--algo", "clip-cov", "--algo.controller.target-probe", "2"],
+            "algo.controller.target_probe is not a knob of controller 'fixed'; its knobs: init;",
+        ),
+        (
+            ["--algo", "repo-r", "--algo.controller.target-unit", "nats"]
+            + ["--algo.controller.target-probe", "2"],
+            "target_probe measures a ratio target, and target_unit nats sets an absolute one",
+        ),
+        (
+            ["--algo", "grpo", "--algo.lever", "entropy-constraint", "--algo.controller", "fixed"],
+            "lever 'entropy-constraint' reads the target entropy, and controller 'fixed' has none",
+        ),
         (["--algo", "{name: [1]}"], "algo.name must be a preset's name, got [1]"),
         (["--algo", "{name: repo-d, x: " + ALIAS_BOMB + "}"], "through its aliases; refused"),
     ],
