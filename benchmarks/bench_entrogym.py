@@ -60,7 +60,6 @@ def train_config(
         eval_every=0,
         checkpoint_every=10**9,
         env_workers=cfg.env_workers if env_workers is None else env_workers,
-        ignore_eos=s.get("ignore_eos", False),
         max_staleness=max_staleness,
         **SCORING[scoring],
     )
@@ -111,6 +110,8 @@ def run(
     with tempfile.TemporaryDirectory(prefix="entrogym-bench-") as tmp:
         cfg = train_config(work, engine, scoring, Path(tmp), env_workers, max_staleness)
         trainer = Trainer(cfg)
+        # equal work: every turn runs to the token budget (a sampler setting, no training option)
+        trainer.sampler.ignore_eos = work.settings.get("ignore_eos", False)
         counts = LearnerCounts(trainer)
         trainer.phases.hooks.append(counts)
         if work.device != "cpu":  # in place: the optimizer keeps the same parameters

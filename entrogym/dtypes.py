@@ -32,7 +32,8 @@ def bf16_round(values: torch.Tensor) -> torch.Tensor:
     """Round to bfloat16 (round-to-nearest-even) and back: what a bf16 output cast does to
     log-probs before the importance ratio (paper Sec. 4.1 "16-bit Quantization of Model Outputs
     Affects Clipping"). The one copy of that rounding: the theory check measures it and the
-    trainer's opt-in emulation (``bf16_round_logprobs``) applies it."""
+    scorer's opt-in emulation (``sequence_logprobs(..., bf16_round_logprobs=True)``, for
+    experiments, not a training option) applies it."""
     import torch
 
     return values.to(torch.bfloat16).to(values.dtype)

@@ -69,6 +69,9 @@ class SampledEntropyBonus(Lever):
         entropies: torch.Tensor | None,
         mask: torch.Tensor,
         coef: float | None,
+        *,
+        advantages: torch.Tensor | None = None,
+        target: float | None = None,
     ) -> torch.Tensor:
         return sampled_entropy_bonus_loss(logprobs, mask, self.params.scale * coef)
 

@@ -120,6 +120,9 @@ class Aepo(Lever):
         entropies: torch.Tensor | None,
         mask: torch.Tensor,
         coef: float | None,
+        *,
+        advantages: torch.Tensor | None = None,
+        target: float | None = None,
     ) -> torch.Tensor:
         if self.samples is None:
             raise ValueError(

@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from entrogym.algos.advantages import ADVANTAGES
+from entrogym.algos.controller_params import ControllerParams
 from entrogym.algos.controllers import CONTROLLERS, Controller
 from entrogym.algos.correction import check_correction
 from entrogym.algos.levers import LEVERS, Lever
@@ -89,7 +90,8 @@ class AlgorithmConfig:
                     f"{kind} {part.name!r}: params must be {cls.__name__}, got "
                     f"{type(part.params).__name__}"
                 )
-        has_coefficient = make_lever(self).coefficient is not None
+        lever = make_lever(self)
+        has_coefficient = lever.coefficient is not None
         if self.controller is None and has_coefficient:
             raise ValueError(f"lever {self.lever.name!r} needs a controller")
         if self.controller is not None and not has_coefficient:
@@ -97,7 +99,13 @@ class AlgorithmConfig:
                 f"controller {self.controller.name!r} has nothing to control: lever "
                 f"{self.lever.name!r} has no coefficient"
             )
-        make_controller(self)  # the controller checks its range and start value
+        if lever.reads_target and self.controller is not None and target_params(self) is None:
+            raise ValueError(
+                f"lever {self.lever.name!r} reads the target entropy, and controller "
+                f"{self.controller.name!r} has none; to hold the coefficient, use pi with "
+                "kp 0 and ki 0"
+            )
+        make_controller(self, lever)  # the controller checks its range and start value
 
     @property
     def parts(self) -> dict[str, Part | None]:
@@ -117,6 +125,14 @@ def make_controller(config: AlgorithmConfig, lever: Lever | None = None) -> Cont
     return cls(
         config.controller.params, lever.coefficient, lever.initial_coefficient(config.loss.params)
     )
+
+
+def target_params(config: AlgorithmConfig) -> ControllerParams | None:
+    """The knobs of ``config``'s controller when it moves toward a target (they extend
+    ``ControllerParams``); None without a controller or for one that has no target
+    (``fixed``)."""
+    params = None if config.controller is None else config.controller.params
+    return params if isinstance(params, ControllerParams) else None
 
 
 def part_mapping(part: Part) -> dict[str, Any]:

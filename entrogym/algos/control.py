@@ -6,8 +6,10 @@ a batch's entropy the controller tracks (``controller.estimator``: ``batch_entro
 the controller is fed: ``observe`` once per iteration (the paper's step) and ``observe_step``
 after every optimizer step (TRL's). The target is set by the first entropy the controller sees
 (a ratio of it, averaged with the initial policy's probe batches when ``controller.target_probe``
-asks the trainer for some, measured by the same estimator) unless it is absolute (nats). ``state_dict`` / ``load_state_dict``
-checkpoint it; loading refuses a state saved by another lever or controller.
+asks the trainer for some, measured by the same estimator) unless it is absolute (nats); the
+lever reads it only as ``extra_loss``'s ``target`` (``entrogym.algos.lever_hooks``).
+``state_dict`` / ``load_state_dict`` checkpoint it; loading refuses a state saved by another
+lever or controller.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 import torch
 
-from entrogym.algos.algorithm import AlgorithmConfig, make_controller, make_lever
+from entrogym.algos.algorithm import AlgorithmConfig, make_controller, make_lever, target_params
 from entrogym.algos.entropy import exact_batch_entropy, sampled_entropy
 from entrogym.algos.masks import MASKS
 
@@ -28,6 +30,9 @@ class EntropyControl:
         self.config = config
         self.lever = make_lever(config)
         self.controller = make_controller(config, self.lever)
+        # the knobs of a controller that moves toward a target; None without one (``fixed``
+        # has none: like a run without a lever, the target then only reports the drift)
+        self.feedback = target_params(config)
         self.mask = MASKS.get(config.mask.name)(config.mask.params)
         self.target: float | None = None
         self.history: list[float] = []
@@ -37,13 +42,14 @@ class EntropyControl:
 
     @property
     def steps_per_optimizer_step(self) -> bool:
-        return self.controller is not None and self.controller.params.step == "optimizer"
+        return self.feedback is not None and self.feedback.step == "optimizer"
 
     @property
     def tracks_exact(self) -> bool:
         """The controller tracks the exact entropy (``controller.estimator: exact``); without a
-        controller nothing is tracked and the sampled estimate, free, is reported."""
-        return self.controller is not None and self.controller.params.estimator == "exact"
+        controller that has a target nothing is tracked and the sampled estimate, free, is
+        reported."""
+        return self.feedback is not None and self.feedback.estimator == "exact"
 
     @property
     def loss_needs_entropy(self) -> bool:
@@ -86,7 +92,7 @@ class EntropyControl:
     def probe_batches(self) -> int:
         """How many batches the trainer samples from the initial policy, before the first
         update, to measure a ratio target (``controller.target_probe``); 0 once it is known."""
-        params = None if self.controller is None else self.controller.params
+        params = self.feedback
         if params is None or params.target_unit == "nats" or self.target is not None:
             return 0
         return params.target_probe
@@ -125,7 +131,7 @@ class EntropyControl:
         ends) or from the recorded iterations' entropies."""
         if self.target is not None:
             return
-        params = None if self.controller is None else self.controller.params
+        params = self.feedback
         if params is not None and params.target_unit == "nats":
             self.target = params.target
         else:
@@ -136,9 +142,8 @@ class EntropyControl:
             # probe batches and the first iterations weigh one batch each
             measured = self.probe + seen[:needed]
             reference = sum(measured) / len(measured)
-            # no controller: the first entropy, to report the drift from it
+            # no target: the first entropy, to report the drift from it
             self.target = reference if params is None else params.target * reference
-        self.lever.target = self.target
 
     # ----- reporting and checkpoints ----------------------------------------------------------
 
@@ -176,7 +181,6 @@ class EntropyControl:
                     f"uses {mine[key]!r}; resume with the algorithm the run was started with"
                 )
         self.target, self.history = state["target"], list(state["history"])
-        self.lever.target = self.target
         if self.controller is not None and state["controller_state"] is not None:
             self.controller.load_state_dict(state["controller_state"])
 

@@ -1,5 +1,7 @@
-"""The knobs every controller shares (``ControllerParams``): the target, the step, the estimator
-of a batch's entropy and the coefficient's range; ``entrogym.algos.controllers`` explains them."""
+"""The knobs of a controller: ``FixedParams`` (the ``fixed`` controller's one knob, its value)
+and ``ControllerParams``, shared by every controller that moves toward a target (the target,
+the step, the estimator of a batch's entropy and the coefficient's range);
+``entrogym.algos.controllers`` explains them."""
 
 from __future__ import annotations
 
@@ -12,8 +14,20 @@ Estimator = Literal["exact", "sampled"]
 
 
 @dataclass(frozen=True)
+class FixedParams:
+    """Knobs of the ``fixed`` controller: it holds the coefficient where it starts and has no
+    target, so it takes nothing else.
+
+    Args:
+        init: the coefficient (unset: the lever's start value).
+    """
+
+    init: float | None = None
+
+
+@dataclass(frozen=True)
 class ControllerParams:
-    """Knobs every controller has.
+    """Knobs every controller that moves toward a target has.
 
     Args:
         target: the target entropy: a ratio of the first observed entropy, or nats (see
@@ -75,6 +89,12 @@ class ControllerParams:
         ):
             raise ValueError(
                 f"algo.controller.target_probe must be an integer >= 0, got {self.target_probe!r}"
+            )
+        if self.target_unit == "nats" and (self.target_probe or self.target_iterations != 1):
+            knob = "target_probe" if self.target_probe else "target_iterations"
+            raise ValueError(
+                f"algo.controller.{knob} measures a ratio target, and target_unit nats sets an "
+                f"absolute one; drop {knob} or use target_unit ratio"
             )
         if self.step not in ("iteration", "optimizer"):
             raise ValueError(

@@ -1,8 +1,9 @@
 """Controllers: how a lever's coefficient moves toward the target entropy.
 
 One class per controller, registered by name in ``CONTROLLERS`` with a typed ``Params``
-dataclass; each update rule is one named function citing its source. Every controller shares
-:class:`ControllerParams`:
+dataclass that holds only the knobs it reads; each update rule is one named function citing its
+source. ``fixed`` holds the coefficient at its ``init`` (:class:`FixedParams`) and has no
+target. Every other controller shares :class:`ControllerParams`:
 
 * the **target**: a ratio of the first observed entropy (``target_unit: ratio``; 1.0 is the
   paper's "entropy of the first iteration") or an absolute entropy in nats
@@ -16,10 +17,11 @@ dataclass; each update rule is one named function citing its source. Every contr
   sampled tokens there (``estimator: sampled``, the paper's); both estimate the same
   quantity, the exact one with less spread between batches;
 * the coefficient's ``init``, ``min`` and ``max``; left unset they come from the lever
-  (``entrogym.algos.levers.Coefficient``).
+  (``entrogym.algos.lever_hooks.Coefficient``).
 
 The shared knobs are ``entrogym.algos.controller_params.ControllerParams`` (imported here, where
-each controller's own ``Params`` extends it).
+each controller's own ``Params`` extends it); a controller of yours that subclasses
+:class:`Controller` takes them unless it declares its own ``Params``.
 
 Controllers: ``fixed`` (no feedback), ``paper`` (the appendix listing: double or halve, flip
 the sign below ``min``), ``multiplicative`` (ADAPO's x1.05 / x0.95), ``additive`` (TRL's
@@ -33,18 +35,21 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from entrogym.algos.controller_params import ControllerParams, check_gains
-from entrogym.algos.levers import Coefficient
+from entrogym.algos.controller_params import ControllerParams, FixedParams, check_gains
+from entrogym.algos.lever_hooks import Coefficient
 from entrogym.algos.registry import Registry
 
 
 class Controller:
-    """Holds a coefficient fixed at ``init`` (``fixed``); the base of every controller."""
+    """The base of every controller: it starts the coefficient at ``init`` and, unless a
+    subclass's ``step`` says otherwise, holds it there."""
 
     name: ClassVar[str] = ""
     Params: ClassVar[type] = ControllerParams
 
-    def __init__(self, params: ControllerParams, coefficient: Coefficient, init: float) -> None:
+    def __init__(
+        self, params: ControllerParams | FixedParams, coefficient: Coefficient, init: float
+    ) -> None:
         self.params = params
         self.coefficient = coefficient
         self.low, self.high = self.bounds()
@@ -89,7 +94,14 @@ class Controller:
 
 CONTROLLERS: Registry = Registry("controller", base=Controller)
 register_controller = CONTROLLERS.register
-register_controller("fixed")(Controller)
+
+
+@register_controller("fixed")
+class FixedController(Controller):
+    """Holds the coefficient at ``init``: no feedback, so no target, step or estimator, and no
+    range to keep (``FixedParams``)."""
+
+    Params = FixedParams
 
 
 def paper_zeta_step(

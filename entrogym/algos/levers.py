@@ -1,17 +1,7 @@
-"""Entropy levers: how an algorithm pushes the policy's entropy, through one coefficient.
-
-A lever is one small class, registered by name in ``LEVERS`` with a typed ``Params``
-dataclass. Its ``coefficient`` names its one coefficient (the paper's name: ``zeta``,
-``beta``, ``eps_high``, ``kl_coef``, ...) and the coefficient's natural range, which a
-controller (``entrogym.algos.controllers``) moves toward the target entropy. A larger
-coefficient always means more entropy. A lever may act in four places, each optional:
-
-* ``shape_advantages``: per-token advantages (REPO-R, REPO-D);
-* ``clip_range``: the policy loss's clip range (ADAPO's upper clip);
-* ``adjust_objective``: the per-token objective before aggregation (Clip-Cov, KL-Cov);
-* ``extra_loss``: a term added to the loss (the entropy bonus); ``extra_loss_of_rows`` is the
-  same term told the rows' advantages, for a lever that acts on some rows only
-  (``entropy-constraint`` with ``rows: mixed``).
+"""The built-in entropy levers: how an algorithm pushes the policy's entropy, through one
+coefficient. ``entrogym.algos.lever_hooks`` defines what a lever declares, the hooks it may
+override and how the target reaches it; ``entrogym.algos.entropic`` and
+``entrogym.algos.aepo`` hold EntroPIC's and AEPO's.
 
 Adding one is a class plus a decorator line; ``examples/custom_entropy_control.py`` writes one
 and trains with it through ``entrogym train --algo.lever module:name``::
@@ -20,7 +10,7 @@ and trains with it through ``entrogym train --algo.lever module:name``::
     class MyBonus(Lever):
         coefficient = Coefficient("beta", init=0.01, min=1e-3, max=1.0)
 
-        def extra_loss(self, logprobs, entropies, mask, coef):
+        def extra_loss(self, logprobs, entropies, mask, coef, *, advantages=None, target=None):
             return coef * (logprobs.detach() * logprobs * mask).sum() / mask.sum()
 """
 
@@ -45,121 +35,17 @@ from entrogym.algos.entropy import (
     repo_r,
     token_covariance,
 )
+from entrogym.algos.lever_hooks import (
+    LEVERS,
+    Coefficient,
+    Lever,
+    LeverInputs,
+    register_lever,
+)
 from entrogym.algos.losses import ClipParams, TokenObjective
-from entrogym.algos.registry import NoParams, Registry
 
-
-@dataclass(frozen=True)
-class Coefficient:
-    """A lever's one coefficient: its name in metrics rows and its natural range.
-
-    ``init`` is where it starts; ``max`` its largest magnitude. ``min`` is a lower bound for a
-    coefficient that cannot be negative (``signed=False``), and for a signed one the smallest
-    magnitude the paper's controller keeps before it flips the sign. Controllers take these as
-    defaults of their own ``init``, ``min`` and ``max`` knobs.
-    """
-
-    name: str
-    init: float
-    min: float
-    max: float
-    signed: bool = True
-
-
-@dataclass
-class LeverInputs:
-    """What a lever may read when it adjusts the per-token objective (one micro-batch)."""
-
-    logprobs: torch.Tensor  # [b, w], with gradients
-    old_logprobs: torch.Tensor  # [b, w]
-    generator: torch.Generator | None
-
-
-class Lever:
-    """The lever of an algorithm that pushes nothing (``none``); the base of every lever."""
-
-    name: ClassVar[str] = ""
-    Params: ClassVar[type] = NoParams
-    coefficient: ClassVar[Coefficient | None] = None  # None: no coefficient, no controller
-    # The controller a preset without a lever gets with this lever; None: ``paper`` for a
-    # coefficient that may be negative, ``fixed`` for one that may not.
-    default_controller: ClassVar[str | None] = None
-    # Knobs a controller takes for this lever unless the user sets them, by controller name:
-    # where the lever's own range or sensitivity differs from the one the controller's
-    # defaults were chosen for (docs/bandit.md, the regime map).
-    controller_knobs: ClassVar[dict[str, dict[str, Any]]] = {}
-
-    @classmethod
-    def controller_by_default(cls) -> str:
-        if cls.default_controller is not None:
-            return cls.default_controller
-        return "paper" if cls.coefficient is None or cls.coefficient.signed else "fixed"
-
-    def __init__(self, params: Any) -> None:
-        self.params = params
-        # The run's target entropy (nats) once known, for a lever that acts on the target
-        # itself (``entropy-constraint``); set by ``EntropyControl``, None before.
-        self.target: float | None = None
-
-    @property
-    def needs_entropy(self) -> bool:
-        """Whether the scorer must return exact per-token entropies."""
-        return False
-
-    def initial_coefficient(self, loss: ClipParams) -> float:
-        """Where the coefficient starts when the controller sets no ``init``."""
-        return self.coefficient.init if self.coefficient is not None else 0.0
-
-    def shape_advantages(
-        self,
-        advantages: torch.Tensor,
-        logprobs: torch.Tensor,
-        entropies: torch.Tensor | None,
-        coef: float | None,
-        mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Advantages ``[b]`` or ``[b, T]`` for the loss; ``logprobs`` are the current scores
-        and ``mask`` marks their action tokens."""
-        return advantages
-
-    def clip_range(
-        self, eps_low: float | None, eps_high: float | None, coef: float | None
-    ) -> tuple[float | None, float | None]:
-        """The clip range ``(eps_low, eps_high)`` the loss uses."""
-        return eps_low, eps_high
-
-    def adjust_objective(
-        self, terms: TokenObjective, inputs: LeverInputs, coef: float | None
-    ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The per-token objective to aggregate, and metrics (e.g. the share of tokens touched)."""
-        return terms.objective, {}
-
-    def extra_loss(
-        self,
-        logprobs: torch.Tensor,
-        entropies: torch.Tensor | None,
-        mask: torch.Tensor,
-        coef: float | None,
-    ) -> torch.Tensor | None:
-        """A term added to the micro-batch's loss (``None``: nothing to add)."""
-        return None
-
-    def extra_loss_of_rows(
-        self,
-        logprobs: torch.Tensor,
-        entropies: torch.Tensor | None,
-        mask: torch.Tensor,
-        coef: float | None,
-        advantages: torch.Tensor,
-    ) -> torch.Tensor | None:
-        """``extra_loss`` told the rows' advantages (``[b]`` or ``[b, T]``), for a lever that
-        acts on some rows only; by default ``extra_loss``."""
-        return self.extra_loss(logprobs, entropies, mask, coef)
-
-
-LEVERS: Registry = Registry("lever", base=Lever)
-register_lever = LEVERS.register
-register_lever("none")(Lever)
+# The protocol's names, importable from here as well (this module registers the levers).
+__all__ = ["LEVERS", "Coefficient", "Lever", "LeverInputs", "register_lever"]
 
 
 @dataclass(frozen=True)
@@ -287,6 +173,9 @@ class EntropyBonus(Lever):
         entropies: torch.Tensor | None,
         mask: torch.Tensor,
         coef: float | None,
+        *,
+        advantages: torch.Tensor | None = None,
+        target: float | None = None,
     ) -> torch.Tensor:
         if entropies is None:
             raise ValueError(f"the {self.name} lever needs score() to return entropies")
@@ -336,6 +225,7 @@ class EntropyConstraint(EntropyBonus):
 
     Params = EntropyConstraintParams
     coefficient = Coefficient("beta", init=0.0, min=1e-3, max=0.1)
+    reads_target = True
     default_controller = "pi"
     # pi as dual ascent: integral action only (the penalty is the proportional part), fed the
     # exact entropy of every minibatch; paper's doubling cannot leave 0.
@@ -347,30 +237,21 @@ class EntropyConstraint(EntropyBonus):
         entropies: torch.Tensor | None,
         mask: torch.Tensor,
         coef: float | None,
+        *,
+        advantages: torch.Tensor | None = None,
+        target: float | None = None,
     ) -> torch.Tensor:
         beta = float(coef or 0.0)
-        if self.target is None or entropies is None:
+        if target is None or entropies is None:
             return super().extra_loss(logprobs, entropies, mask, beta)
         p = self.params
-        return entropy_constraint_loss(entropies, mask, beta, self.target, p.penalty, p.upper_slack)
-
-    def extra_loss_of_rows(
-        self,
-        logprobs: torch.Tensor,
-        entropies: torch.Tensor | None,
-        mask: torch.Tensor,
-        coef: float | None,
-        advantages: torch.Tensor,
-    ) -> torch.Tensor:
-        p = self.params
-        if p.rows == "all" or self.target is None or entropies is None:
-            return self.extra_loss(logprobs, entropies, mask, coef)
+        if p.rows == "all" or advantages is None:
+            return entropy_constraint_loss(entropies, mask, beta, target, p.penalty, p.upper_slack)
         moved = advantages != 0
         moved = moved.any(dim=1) if moved.dim() == 2 else moved
         push = mask * moved[:, None].to(mask.dtype)
-        beta = float(coef or 0.0)
         return entropy_constraint_push_loss(
-            entropies, mask, push, beta, self.target, p.penalty, p.upper_slack
+            entropies, mask, push, beta, target, p.penalty, p.upper_slack
         )
 
 

@@ -24,7 +24,7 @@ from entrogym.algos.algorithm import PART_REGISTRIES, UPDATE_KNOBS, AlgorithmCon
 from entrogym.algos.controllers import (
     CONTROLLERS,
     AdditiveParams,
-    ControllerParams,
+    FixedParams,
     MultiplicativeParams,
     PaperParams,
 )
@@ -106,14 +106,14 @@ ALGORITHMS: dict[str, AlgorithmConfig] = {
         advantage=_GRPO,
         loss=_clip(0.2, 0.2, aggregation="token-mean"),
         lever=LEVERS.part("clip-cov"),
-        controller=Part("fixed", ControllerParams()),
+        controller=Part("fixed", FixedParams()),
     ),
     "kl-cov": AlgorithmConfig(
         "kl-cov",
         advantage=_GRPO,
         loss=_clip(None, None, aggregation="token-mean"),
         lever=LEVERS.part("kl-cov"),
-        controller=Part("fixed", ControllerParams()),
+        controller=Part("fixed", FixedParams()),
     ),
 }
 

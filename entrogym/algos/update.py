@@ -11,7 +11,8 @@ step (unscale, clip, step) and how to clear gradients; everything algorithmic ha
                               -> lever.shape_advantages -> the loss's per-token objective
                               (x sampler_weights, with algo.is_correction)
                               -> lever.adjust_objective -> token mask -> aggregate
-                              (+ lever.extra_loss) -> backward(weighted loss)
+                              (+ lever.extra_loss, told control.target)
+                              -> backward(weighted loss)
         step()                      (skipped when any part was non-finite)
         [controller fed every optimizer step: observe_step(the minibatch's exact entropy)]
     [controller fed every iteration: observe(the experience's entropy, by its estimator)]
@@ -53,7 +54,7 @@ from entrogym.algos.algorithm import AlgorithmConfig
 from entrogym.algos.control import EntropyControl
 from entrogym.algos.correction import sampler_weights
 from entrogym.algos.entropy import importance_weighted_entropy, sampled_entropy
-from entrogym.algos.levers import LeverInputs
+from entrogym.algos.lever_hooks import LeverInputs
 from entrogym.algos.losses import LOSSES, TokenObjective, aggregate
 from entrogym.algos.update_batch import (
     Rows,
@@ -163,7 +164,9 @@ def micro_batch_loss(
         metrics["token_mask_share"] = float(keep.sum() / (terms.mask > 0).sum())
         trained = keep.to(rows.mask.dtype)  # the bonus acts on the kept tokens too (as TRL's)
     loss = -aggregate(objective, terms.mask, config.loss.params.aggregation)
-    extra = lever.extra_loss_of_rows(logprobs, entropies, trained, coef, advantages)
+    extra = lever.extra_loss(
+        logprobs, entropies, trained, coef, advantages=advantages, target=control.target
+    )
     return (loss if extra is None else loss + extra), {**terms.metrics, **metrics}, trained
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from entrogym.algos import ALGORITHMS, AlgorithmConfig
+from entrogym.algos.algorithm import target_params
 from entrogym.atomic import atomic_path, atomic_write_text
 from entrogym.train.algo_spec import label as spec_label
 from entrogym.train.algo_spec import parse_label
@@ -24,8 +25,9 @@ RESERVED_KEYS = ("claims", "config")
 
 def target_entropies(config: AlgorithmConfig | None, initial: np.ndarray) -> np.ndarray:
     """The exact entropy each seed's run aims at: the controller's target as a ratio of the
-    initial exact entropy, or in nats; without a controller, the initial entropy itself."""
-    params = None if config is None or config.controller is None else config.controller.params
+    initial exact entropy, or in nats; without a controller that has one, the initial entropy
+    itself."""
+    params = None if config is None else target_params(config)
     if params is None:
         return initial.copy()
     if params.target_unit == "nats":

@@ -251,14 +251,20 @@ def algo_help() -> str:
     for kind, registry in PART_REGISTRIES.items():
         lines.append(f"  {kind}{'es' if kind.endswith('s') else 's'}:")
         knobs = {name: _knobs(registry.params_class(name)) for name in registry.names()}
-        shared = set.intersection(*(set(k) for k in knobs.values())) if len(knobs) > 1 else set()
-        if shared:  # knobs every part of this kind has (the controllers' target, step, range)
-            first = next(iter(knobs.values()))
-            lines.append(f"    every {kind}:")
+        # knobs the parts with several have in common (the controllers' target, step, range),
+        # listed once; a part with one knob or none (fixed) lists its own
+        several = [name for name, own in knobs.items() if len(own) > 1]
+        shared = set.intersection(*(set(knobs[n]) for n in several)) if len(several) > 1 else set()
+        if shared:
+            first = knobs[several[0]]
+            others = [n for n in knobs if n not in several]
+            but = f" but {', '.join(others)}" if others else ""
+            lines.append(f"    every {kind}{but}:")
             lines += [_knob_line(kind, k, first[k]) for k in first if k in shared]
         for name, own in knobs.items():
             lines.append(f"    {name}: {_summary(registry.get(name))}")
-            lines += [_knob_line(kind, k, v) for k, v in own.items() if k not in shared]
+            mine = own if name not in several else {k: v for k, v in own.items() if k not in shared}
+            lines += [_knob_line(kind, k, v) for k, v in mine.items()]
             suggested = getattr(registry.get(name), "controller_knobs", {})
             for controller, values in suggested.items():  # a lever's own controller defaults
                 given = ", ".join(f"{k} {v!r}" for k, v in values.items())

@@ -50,9 +50,6 @@ class TrainConfig(AgentConfig):
             kp: 0.3}}``); the algorithm options below list every preset, part and knob.
         dtype: trainer parameter/compute dtype; log-probs for ratios are fp32 regardless.
         iterations: number of collect-then-update iterations.
-        ignore_eos: sample every rollout turn to ``max_response_tokens``: neither EOS nor the
-            template's end-of-turn token ends it (vLLM's ``ignore_eos``). For measuring speed
-            at equal work (``benchmarks/iteration.py``), not for learning anything.
         max_staleness: K, how many weight versions old a batch may be. 0: collect, then update
             (synchronous). K >= 1: the rollouts of iterations i+1 .. i+K are collected while
             iteration i updates, and iteration i trains on the batch sampled by version i - K,
@@ -94,7 +91,6 @@ class TrainConfig(AgentConfig):
             down projections); an architecture with other names needs its own (a missing one
             is named with the model's linear layers).
         lora_alpha: LoRA alpha (paper: 32).
-        bf16_round_logprobs: emulate Thm 3's bf16 rounding of log-probs before the ratio.
         softmax_fix: fp64 recomputation of near-certain tokens' gradients (appendix).
         eval_env: env of the periodic held-out evaluation (None = no evaluation).
         eval_env_kwargs: keyword arguments of the eval env.
@@ -122,7 +118,6 @@ class TrainConfig(AgentConfig):
     dtype: DTypeName = "fp32"
     iterations: int = 10
     max_staleness: int = 0
-    ignore_eos: bool = False
     tasks_per_iter: int = 8
     samples: int = 6
     early_stop_min_per_task: int = 4
@@ -143,7 +138,6 @@ class TrainConfig(AgentConfig):
     lora_rank: int = 16
     lora_target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
     lora_alpha: int = 32
-    bf16_round_logprobs: bool = False
     softmax_fix: bool = True
     eval_env: str | None = None
     eval_env_kwargs: dict[str, Any] = field(default_factory=dict)

@@ -51,10 +51,7 @@ class Learner:
         self.scaler = loss_scaler_for(resolve_dtype(cfg.dtype))
         if cfg.init_adapter:  # a checkpoint a resume loads replaces it
             load_adapter_into(self.policy, cfg.init_adapter, base_model=cfg.model)
-        self.logprob_opts = {
-            "softmax_fix": cfg.softmax_fix,
-            "bf16_round_logprobs": cfg.bf16_round_logprobs,
-        }
+        self.logprob_opts = {"softmax_fix": cfg.softmax_fix}
         self.grad_norms: list[float] = []  # this update's pre-clip norms, filled by step()
 
     def build_optimizer(self) -> None:

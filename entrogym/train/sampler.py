@@ -98,6 +98,10 @@ class Sampler:
         self.eval_plan = _plan_evaluation(cfg)  # so is a bad eval split or eval env
         self.adapter: Path | None = None  # the current weights' adapter folder (engine input)
         self.versions: WeightVersions | None = None
+        # Sample every turn to max_response_tokens, past EOS and the end-of-turn token (vLLM's
+        # ignore_eos): a benchmark sets it on a built trainer to time engines at equal work;
+        # no training option, since a run sampled so learns nothing.
+        self.ignore_eos = False
 
     def start(self, policy: torch.nn.Module) -> None:
         """The agent (tokenizer, chat template, turn budget), the kept weight versions and,
@@ -279,7 +283,7 @@ class Sampler:
                 self.engine,
                 self.agent,
                 k=cfg.samples,
-                sampling=SamplingParams(temperature=temperature, ignore_eos=cfg.ignore_eos),
+                sampling=SamplingParams(temperature=temperature, ignore_eos=self.ignore_eos),
                 adapter=str(adapter or adapter_folder(self.run_dir, version)),
                 min_done_per_task=cfg.early_stop_min_per_task,
                 min_done_fraction=cfg.early_stop_fraction,

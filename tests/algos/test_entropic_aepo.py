@@ -19,7 +19,7 @@ from entrogym.algos.aepo import (
     aepo_temperature_step,
 )
 from entrogym.algos.entropic import EntropicParams, entropic_adjustment
-from entrogym.algos.levers import LeverInputs
+from entrogym.algos.lever_hooks import LeverInputs
 from entrogym.algos.losses import clipped_token_objective
 
 ALPHA = Coefficient("alpha", init=0.0, min=1e-3, max=1.0)

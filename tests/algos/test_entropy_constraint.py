@@ -47,6 +47,11 @@ def test_at_the_target_only_the_multiplier_acts():
     torch.testing.assert_close(at, bonus)
 
 
+# A multiplier held where it starts (the target reaches the lever only through a controller
+# that has one): the penalty alone acts.
+HELD = {"name": "pi", "kp": 0.0, "ki": 0.0}
+
+
 def _tabular_run(algo: dict, sharpness: float, steps: int = 60) -> tuple[list[float], float]:
     """A uniform-reward tabular policy (every advantage 0: only the lever moves it) trained by
     SGD through ``policy_update``; returns the exact mean entropy per iteration and the target."""
@@ -83,8 +88,7 @@ def _tabular_run(algo: dict, sharpness: float, steps: int = 60) -> tuple[list[fl
 @pytest.mark.parametrize("sharpness", [0.5, 3.0])  # start near uniform, or peaked
 def test_the_constraint_settles_at_an_absolute_target_from_either_side(sharpness):
     algo = {"name": "grpo", "lever": {"name": "entropy-constraint", "penalty": 3.0},
-            "controller": {"name": "fixed", "init": 0.0, "target": 1.2,
-                           "target_unit": "nats"}}  # fmt: skip
+            "controller": HELD | {"init": 0.0, "target": 1.2, "target_unit": "nats"}}  # fmt: skip
     trace, target = _tabular_run(algo, sharpness)
     assert target == 1.2
     assert abs(trace[0] - target) > 0.2  # it starts away from the target
@@ -123,8 +127,7 @@ def test_rows_mixed_leaves_groups_of_equal_rewards_alone(rows, moves):
     # policy; with rows: mixed it does not
     algo = {"name": "grpo",
             "lever": {"name": "entropy-constraint", "penalty": 3.0, "rows": rows},
-            "controller": {"name": "fixed", "init": 0.0, "target": 1.2,
-                           "target_unit": "nats"}}  # fmt: skip
+            "controller": HELD | {"init": 0.0, "target": 1.2, "target_unit": "nats"}}  # fmt: skip
     trace, _ = _tabular_run(algo, 3.0)
     assert (abs(trace[-1] - trace[0]) > 0.1) == moves, trace
 
@@ -134,7 +137,7 @@ def test_a_plain_bonus_of_the_same_size_does_not_stop_at_the_target():
     # toward the uniform policy's log 8 = 2.08 nats
     trace0, _ = _tabular_run(
         {"name": "grpo", "lever": {"name": "entropy-constraint", "penalty": 0.0},
-         "controller": {"name": "fixed", "init": 0.5, "target": 1.2, "target_unit": "nats"}},
+         "controller": HELD | {"init": 0.5, "max": 1.0, "target": 1.2, "target_unit": "nats"}},
         3.0,
     )  # fmt: skip
     assert trace0[-1] > 1.2 * 1.4, trace0
@@ -154,7 +157,15 @@ def test_the_ratio_target_is_the_first_iterations_entropy_also_for_step_feedback
                               "minibatch_size": 4,
                               "controller": {"name": "pi", "estimator": estimator}})  # fmt: skip
     control = EntropyControl(config)
-    assert control.controller.params.step == "optimizer" and control.lever.target is None
+    assert control.controller.params.step == "optimizer" and control.target is None
+    seen = []  # the target each loss told the lever
+    extra = control.lever.extra_loss
+
+    def recording_extra(*args, target, **kwargs):
+        seen.append(target)
+        return extra(*args, target=target, **kwargs)
+
+    control.lever.extra_loss = recording_extra
 
     def score(index, need_entropy):
         logp = torch.log_softmax(logits[states[index]], -1)
@@ -174,7 +185,9 @@ def test_the_ratio_target_is_the_first_iterations_entropy_also_for_step_feedback
         expected = float(-(start.exp() * start).sum(-1).mean())
     assert control.target == pytest.approx(expected) == metrics["entropy_tracked"]
     assert metrics["entropy"] == sampled_entropy(batch.old_logprobs, batch.mask)
-    assert control.lever.target == control.target
+    # the first loss's scores are the first iteration's entropy: every later loss is told the
+    # target (the first one acts as the entropy bonus)
+    assert seen == [None] + [control.target] * 3
     assert metrics["optimizer_steps"] == 4
 
 
@@ -225,11 +238,10 @@ def test_a_target_from_several_iterations_is_their_mean_and_nothing_moves_before
         control.reference(entropy)
         control.observe_step(0.1)  # far below any target: a moving controller would move
         control.observe(entropy)
-        assert control.target is None and control.lever.target is None
+        assert control.target is None
         assert control.coefficient == start
     control.observe(1.9)
     assert control.target == pytest.approx(0.9 * (2.0 + 2.6 + 1.9) / 3)
-    assert control.lever.target == control.target
     control.observe_step(0.1)
     assert control.coefficient > start
     with pytest.raises(ValueError, match="target_iterations must be an integer >= 1, got 0"):

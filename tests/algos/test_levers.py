@@ -218,10 +218,10 @@ def test_adaptive_entropy_preset_steps_beta_as_trl_each_optimizer_step():
     applied, measured = [], []
     extra = control.lever.extra_loss
 
-    def recording_extra(logprobs, entropies, mask, coef):
+    def recording_extra(logprobs, entropies, mask, coef, **told):
         applied.append(coef)
         measured.append(float((entropies.detach() * mask).sum() / mask.sum()))
-        return extra(logprobs, entropies, mask, coef)
+        return extra(logprobs, entropies, mask, coef, **told)
 
     control.lever.extra_loss = recording_extra
 

@@ -114,6 +114,29 @@ ALIAS_BOMB = (
         (["--algo", "repo-d", "--algo.loss.eps-low", "-1"], "eps_low must be in [0, 1)"),
         (["--algo", "repo-d", "--algo.controller.kp", "0.3"], "controllers that have it: pi"),
         (["--algo", "repo-d", "--algo.controller.kp"], "needs a value"),
+        # a controller takes only the knobs it reads: fixed holds its value and has no target
+        (
+            ["--algo", "repo-r", "--algo.controller", "fixed", "--algo.controller.kp", "0.3"],
+            "algo.controller.kp is not a knob of controller 'fixed'; its knobs: init;",
+        ),
+        (
+            ["--algo", "clip-cov", "--algo.controller.target", "0.8"],
+            "algo.controller.target is not a knob of controller 'fixed'; its knobs: init;",
+        ),
+        # probe batches measure a ratio target: refused where there is none to measure
+        (
+            ["--algo", "clip-cov", "--algo.controller.target-probe", "2"],
+            "algo.controller.target_probe is not a knob of controller 'fixed'; its knobs: init;",
+        ),
+        (
+            ["--algo", "repo-r", "--algo.controller.target-unit", "nats"]
+            + ["--algo.controller.target-probe", "2"],
+            "target_probe measures a ratio target, and target_unit nats sets an absolute one",
+        ),
+        (
+            ["--algo", "grpo", "--algo.lever", "entropy-constraint", "--algo.controller", "fixed"],
+            "lever 'entropy-constraint' reads the target entropy, and controller 'fixed' has none",
+        ),
         (["--algo", "{name: [1]}"], "algo.name must be a preset's name, got [1]"),
         (["--algo", "{name: repo-d, x: " + ALIAS_BOMB + "}"], "through its aliases; refused"),
     ],
@@ -124,6 +147,18 @@ def test_bad_algorithm_options_are_one_line_before_anything_loads(argv, needle, 
     assert cli([*argv, "--model", "/nonexistent-model-folder"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and needle in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("option", ["--ignore-eos", "--bf16-round-logprobs"])
+def test_benchmark_and_theory_switches_are_no_training_options(option, capsys) -> None:
+    # ignore_eos is the benchmark's (Sampler.ignore_eos), bf16 rounding an emulation the
+    # scorer applies on request (sequence_logprobs(..., bf16_round_logprobs=True))
+    from entrogym.commands.train import cli
+
+    assert option[2:].replace("-", "_") not in {f.name for f in fields(TrainConfig)}
+    assert cli([option, "true", "--model", "/nonexistent-model-folder"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"unrecognized arguments: {option}" in err, err
 
 
 def test_boolean_options_are_flags() -> None:

@@ -66,11 +66,9 @@ def test_options_reach_the_train_config(tmp_path, scoring, layout, action_only):
     assert (cfg.tasks_per_iter, cfg.samples, cfg.micro_batch_size) == (2, 2, 2)
     algo = cfg.algorithm()
     assert (algo.name, algo.epochs, algo.minibatch_size) == ("grpo", 1, 2)
-    assert cfg.ignore_eos and cfg.max_staleness == 0  # equal work by default
+    assert cfg.max_staleness == 0
     cfg = bench_entrogym.train_config(work, "hf", scoring, tmp_path, max_staleness=1)
     assert cfg.max_staleness == 1
-    natural = _workload(tmp_path, "--natural-lengths")
-    assert not bench_entrogym.train_config(natural, "hf", scoring, tmp_path).ignore_eos
 
 
 def test_worker_runs_the_trainers_fit_and_reports_its_phases(tmp_path):

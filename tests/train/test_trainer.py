@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from vowel_env import TINY_SETTINGS  # importing it registers test/Vowel-v0, test/Const-v0
 
+from entrogym.algos.algorithm import target_params
 from entrogym.algos.presets import ALGORITHMS
 from entrogym.commands.train import parse_config
 from entrogym.train.checkpoint import latest_checkpoint
@@ -76,7 +77,7 @@ def test_every_preset_runs_two_iterations(algo, tmp_path):
         assert rows[1]["beta"] == 1e-3
     if preset.lever.name == "clip-high":
         assert rows[0]["eps_high"] == rows[1]["eps_high"] == 0.28
-    params = None if preset.controller is None else preset.controller.params
+    params = target_params(preset)
     if params is None or (params.target_unit, params.step) == ("ratio", "iteration"):
         # the paper's target: the first iteration's entropy
         target = rows[0]["entropy_target"]
