@@ -24,13 +24,12 @@ OPTION_GROUPS: dict[str, tuple[str, ...]] = {
         "env_max_memory_mb", "model", "engine", "engine_urls", "engine_dtype", "engine_decode",
         "request_timeout", "max_lora_rank", "max_loras", "max_num_seqs", "max_response_tokens",
         "max_context_tokens", "on_turn_budget", "temperature", "system_prompt", "chat_template",
-        "max_staleness", "ignore_eos",
+        "max_staleness",
     ),
     "learner: the LoRA policy, its scoring and its optimizer": (
         "dtype", "lr", "weight_decay", "max_grad_norm", "micro_batch_size",
         "micro_batch_tokens", "threads", "sampler_entropy_check", "score_layout",
-        "action_only_head", "lora_rank", "lora_target_modules", "lora_alpha",
-        "bf16_round_logprobs", "softmax_fix",
+        "action_only_head", "lora_rank", "lora_target_modules", "lora_alpha", "softmax_fix",
     ),
     "algorithm: the preset (its parts and knobs are listed at the end)": ("algo",),
     "eval: held-out evaluation during training": (
