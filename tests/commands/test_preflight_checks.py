@@ -60,7 +60,7 @@ def test_the_checks_run_before_anything_heavy_is_imported(tmp_path: Path) -> Non
 def test_ctrl_c_says_how_to_resume(tmp_path: Path, capsys, monkeypatch) -> None:
     import entrogym.train.trainer as trainer
 
-    def interrupted(config):  # the fault: Ctrl-C while the run trains
+    def interrupted(config, shutdown=None):  # the fault: Ctrl-C while the run trains
         raise KeyboardInterrupt
 
     monkeypatch.setattr(trainer, "train", interrupted)
