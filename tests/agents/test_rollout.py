@@ -105,6 +105,16 @@ def test_keep_cancelled_and_no_early_stop(engine, agent):
     assert len(eps) == 6 and sorted(e.num_turns for e in eps) == [1, 2, 3, 4, 5, 6]
 
 
+def test_progress_counts_ended_episodes(engine, agent):
+    counts: list[int] = []
+    eps = collect_rollouts(
+        Steps, ["t0", "broken"], engine, agent, k=6, early_stop=False, on_progress=counts.append
+    )
+    assert counts[0] == 6  # the failed resets have ended before the first step
+    assert counts == sorted(counts) and counts[-1] == len(eps) == 12
+    assert len(counts) == eps.stats["steps"] + 1  # after the resets, then after every step
+
+
 def test_env_errors_end_only_their_episode(engine, agent):
     eps = collect_rollouts(
         lambda: Steps(explode=True), ["t0", "broken", "t1"], engine, agent, k=6, early_stop=False

@@ -1,0 +1,235 @@
+"""The episodes of one rollout collection and the envs, engine and agent that step them.
+
+:class:`Collection` makes and resets every episode's env, batches one generation call across
+the running episodes (:meth:`Collection.step`) and hands each finished turn to its env; an env
+that raises or breaks the text-env contract fails its own episode only (:meth:`EpisodeRun.fail`).
+The loop, early stopping and the returned :class:`~entrogym.agents.rollout.Rollouts` are
+:func:`entrogym.agents.rollout.collect_rollouts`'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from entrogym.agents.agent import LLMAgent, Transcript, TurnEnd
+from entrogym.agents.engines.base import Engine, SamplingParams
+from entrogym.agents.env_workers import EnvWorkers, error_name
+from entrogym.envs.base import env_attr, make_text_env
+from entrogym.envs.contract import check_reply, check_step_reward, check_terminal_reward
+
+EnvSource = str | Callable[[], Any]
+
+
+@dataclass
+class EpisodeRun:
+    index: int
+    task_id: str
+    group_id: int
+    env: Any = None
+    transcript: Transcript | None = None
+    reward: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)
+    done: bool = False
+    cancelled: bool = False
+    truncated: bool = False
+    error: str | None = None
+    error_key: str = ""
+    generate_s: float = 0.0
+    env_s: float = 0.0
+    start: float = field(default_factory=time.perf_counter)
+    end: float = 0.0
+
+    def finish(self, reward: float = 0.0, truncated: bool = False, **info: Any) -> None:
+        self.done, self.reward, self.truncated = True, float(reward), truncated
+        self.info.update(info)
+        self.end = time.perf_counter()
+
+    def fail(self, env_id: str, where: str, error: BaseException) -> None:
+        """End the episode as failed; the message names the env, the task and the error."""
+        text = f"{error_name(error)}: {error}"
+        self.error = f"env {env_id!r}, task {self.task_id!r}, {where}: {text}"
+        self.error_key = f"{env_id}\0{where}\0{text}"
+        self.finish(0.0, error=self.error, success=False)
+
+
+def env_id_of(source: EnvSource, env: Any) -> str:
+    """The registered id, or the factory's (or the env class's) name."""
+    if isinstance(source, str):
+        return source
+    spec = getattr(env, "spec", None)
+    if spec is not None and getattr(spec, "id", None):
+        return str(spec.id)
+    name = getattr(source, "__name__", "")
+    if name and name != "<lambda>":
+        return name
+    return type(getattr(env, "unwrapped", env)).__name__ if env is not None else name
+
+
+class Collection:
+    """The envs, engine and agent of one :func:`collect_rollouts` call, and its counters.
+
+    Env calls (make, reset, step, end_episode) of different episodes run side by side on
+    ``pool`` threads when the envs live in several worker processes; the agent's tokenizer is
+    only used from the calling thread."""
+
+    def __init__(
+        self,
+        source: EnvSource,
+        env_kwargs: dict[str, Any],
+        engine: Engine,
+        agent: LLMAgent,
+        sampling: SamplingParams,
+        adapter: str | None,
+        chunk_tokens: int | None,
+        workers: EnvWorkers | None,
+        env_timeout: float | None,
+    ) -> None:
+        self.source, self.env_kwargs = source, env_kwargs
+        self.engine, self.agent, self.adapter = engine, agent, adapter
+        self.sampling, self.chunk_tokens = sampling, chunk_tokens
+        self.workers, self.env_timeout = workers, env_timeout
+        threads = workers.limits.workers if workers is not None else 1
+        self.pool = ThreadPoolExecutor(threads) if threads > 1 else None
+        self.stats: dict[str, Any] = {"steps": 0, "generate_calls": 0, "generated_tokens": 0}
+        self.generate_s = self.env_s = 0.0
+        self.env_id = source if isinstance(source, str) else ""
+
+    def _each(self, fn: Callable[..., Any], items: Sequence[Any]) -> list[Any]:
+        """``fn(*item)`` for every item, on the pool's threads when there is one."""
+        if self.pool is None or len(items) < 2:
+            return [fn(*item) for item in items]
+        return list(self.pool.map(lambda item: fn(*item), items))
+
+    def make_env(self, r: EpisodeRun) -> Any:
+        if self.workers is not None:
+            assert isinstance(self.source, str)
+            return self.workers.make(self.source, self.env_kwargs, r.group_id, self.env_timeout)
+        if isinstance(self.source, str):
+            return make_text_env(self.source, **self.env_kwargs)
+        return self.source()
+
+    def start(self, runs: list[EpisodeRun], seed: int) -> None:
+        """Make every run's env and reset it to its task, then start the agents' transcripts."""
+        t0 = time.perf_counter()
+        if self.workers is not None:
+            self.workers.warm({r.group_id for r in runs})
+        observations = self._each(self._reset, [(r, seed) for r in runs])
+        for r, observation in zip(runs, observations, strict=True):
+            if observation is not None:
+                # a prompt over max_context is a setup error, not the env's: it raises
+                r.transcript = self.agent.start(observation, r.task_id)
+        self.env_s += time.perf_counter() - t0
+
+    def _reset(self, r: EpisodeRun, seed: int) -> str | None:
+        """The run's first observation, or None when making or resetting its env failed."""
+        t0 = time.perf_counter()
+        try:
+            r.env = self.make_env(r)
+            self.env_id = self.env_id or env_id_of(self.source, r.env)
+            observation, info = r.env.reset(seed=seed + r.index, options={"task_id": r.task_id})
+            check_reply(observation, info)
+        except Exception as e:  # noqa: BLE001  (one broken env must not end the batch)
+            r.fail(self.env_id or env_id_of(self.source, r.env), "reset", e)
+            return None
+        finally:
+            r.env_s += time.perf_counter() - t0
+        r.info.update(info)
+        return observation
+
+    def step(self, active: list[EpisodeRun]) -> None:
+        """One batched generation call for the running episodes, then the envs of the turns
+        that ended."""
+        params = []
+        for r in active:
+            budget = self.agent.turn_budget(r.transcript)
+            params.append(
+                replace(self.sampling, max_tokens=min(budget, self.chunk_tokens or budget))
+            )
+        t0 = time.perf_counter()
+        prompts = [r.transcript.token_ids for r in active]
+        completions = self.engine.generate(prompts, params, self.adapter)
+        dt = time.perf_counter() - t0
+        self.generate_s += dt
+        self.stats["generate_calls"] += 1
+        ended: list[tuple[EpisodeRun, TurnEnd]] = []
+        for r, c in zip(active, completions, strict=True):
+            r.generate_s += dt
+            self.stats["generated_tokens"] += len(c.token_ids)
+            end = self.agent.add_completion(r.transcript, c)
+            if end is not None:
+                ended.append((r, end))
+        t0 = time.perf_counter()
+        feedback = self._each(self._env_turn, ended)
+        for (r, _), observation in zip(ended, feedback, strict=True):
+            if observation is not None and not self.agent.add_feedback(r.transcript, observation):
+                self._context_full(r)
+        self.env_s += time.perf_counter() - t0
+        self.stats["steps"] += 1
+
+    def _env_turn(self, r: EpisodeRun, end: TurnEnd) -> str | None:
+        """Hand a finished turn's action to the env. Returns the env's answer when the episode
+        goes on (the caller appends it), None when it ended."""
+        if end.limit == "context":
+            self._context_full(r)
+            return None
+        if end.limit == "turn" and self.agent.on_turn_budget == "truncate":
+            r.finish(0.0, truncated=True, truncated_by=end.limit, success=False)
+            return None
+        if not end.text:
+            r.finish(0.0, empty_action=True, success=False)  # envs take at least one character
+            return None
+        t0 = time.perf_counter()
+        try:
+            if end.limit == "turn":
+                flag = env_attr(r.env, "flag_action_truncated")
+                if flag is not None:
+                    flag()
+            observation, reward, terminated, truncated, info = r.env.step(end.text)
+            check_reply(observation, info)
+            check_step_reward(reward, terminated or truncated, env_attr(r.env, "reward_range"))
+        except Exception as e:  # noqa: BLE001
+            r.fail(self.env_id, "step", e)
+            return None
+        finally:
+            r.env_s += time.perf_counter() - t0
+        r.info.update(info)
+        if terminated or truncated:
+            r.finish(
+                reward,
+                truncated=bool(truncated and not terminated),
+                truncated_by="env" if truncated else None,
+            )
+            return None
+        return observation
+
+    def _context_full(self, r: EpisodeRun) -> None:
+        """The context window is full: the episode ends with the env's own terminal outcome
+        (``TextEnv.end_episode``: AppWorld runs its evaluator on the world as it is), or as a
+        failure for envs without one."""
+        end = env_attr(r.env, "end_episode")
+        reward, info = 0.0, {"success": False}
+        if end is not None:
+            try:
+                reward, info = end()
+                check_reply("", info)
+                check_terminal_reward(reward, env_attr(r.env, "reward_range"))
+            except Exception as e:  # noqa: BLE001
+                r.fail(self.env_id, "end_episode", e)
+                return
+        r.info.update(info)
+        r.finish(reward, truncated=True, truncated_by="context", success=bool(info.get("success")))
+
+    def close(self, runs: list[EpisodeRun]) -> None:
+        def close_env(r: EpisodeRun) -> None:
+            # Closing must not hide the episode's result.
+            with contextlib.suppress(Exception):
+                r.env.close()
+
+        self._each(close_env, [(r,) for r in runs if r.env is not None])
+        if self.pool is not None:
+            self.pool.shutdown()
