@@ -43,7 +43,7 @@ from entrogym.algos.losses import LOSSES, ClipParams, clipped_policy_loss, regis
 from entrogym.algos.masks import MASKS, TokenMask, register_mask
 from entrogym.algos.presets import ALGORITHMS, build_algorithm, get_algorithm
 from entrogym.algos.registry import NoParams, Part
-from entrogym.algos.update import policy_update, score_old_logprobs
+from entrogym.algos.update import optimizer_steps, policy_update, score_old_logprobs
 from entrogym.algos.update_batch import UpdateBatch, micro_batches, minibatch_indices
 
 __all__ = [
@@ -85,6 +85,7 @@ __all__ = [
     "high_entropy_tokens",
     "micro_batches",
     "minibatch_indices",
+    "optimizer_steps",
     "policy_update",
     "register_advantage",
     "register_controller",

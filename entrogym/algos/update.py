@@ -60,6 +60,7 @@ from entrogym.algos.update_batch import (
     Rows,
     UpdateBatch,
     micro_weight,
+    minibatch_count,
     minibatch_indices,
 )
 
@@ -295,6 +296,7 @@ def policy_update(
     generator: torch.Generator | None = None,
     version: int | None = None,
     micro_batch_tokens: int | None = None,
+    on_step: Callable[[], None] | None = None,
 ) -> dict[str, float | None]:
     """Run ``control.config``'s epochs x minibatches on one iteration's experience.
 
@@ -307,7 +309,9 @@ def policy_update(
     on a fresh batch, ``importance_weighted_entropy`` on a stale one (``entropy_sampler`` in
     the metrics is the sampling policy's). A controller tracking the exact entropy is fed
     ``entropy_exact``, the same policy's mean exact token entropy at the same tokens, instead
-    (``entropy_tracked`` in the metrics). Returns the iteration's metrics.
+    (``entropy_tracked`` in the metrics). ``on_step`` is called after every minibatch's
+    optimizer step, taken or skipped (``optimizer_steps`` of them: a progress bar's count).
+    Returns the iteration's metrics.
     """
     config = control.config
     stale = version is not None and batch.versions is not None
@@ -373,6 +377,8 @@ def policy_update(
             step_entropy = tally.pop_step_entropy()
             if finite and step_entropy is not None:
                 control.observe_step(step_entropy)  # TRL's: the step's entropy, every step
+            if on_step is not None:
+                on_step()
     zero_grad()  # drops what a skipped last minibatch accumulated
     out: dict[str, float | None] = {
         **tally.summary(),
@@ -390,6 +396,12 @@ def policy_update(
     control.observe(tracked)
     out.update(control.target_metrics(tracked))
     return out
+
+
+def optimizer_steps(config: AlgorithmConfig, rows: int) -> int:
+    """How many optimizer steps :func:`policy_update` takes (or skips) on ``rows`` rows: one
+    per minibatch of every epoch."""
+    return config.epochs * minibatch_count(rows, config.minibatch_size)
 
 
 def _tracked(control: EntropyControl, sampled: float, tally: _Tally, tokens: float) -> float:

@@ -11,6 +11,7 @@ that width (:meth:`UpdateBatch.tokens`) and must return log-probs of exactly tha
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -178,6 +179,11 @@ def minibatch_indices(
     order = torch.randperm(n, generator=generator)
     size = n if minibatch_size is None else minibatch_size
     yield from order.split(size)
+
+
+def minibatch_count(n: int, minibatch_size: int | None) -> int:
+    """How many chunks :func:`minibatch_indices` yields for ``n`` rows."""
+    return 1 if minibatch_size is None else math.ceil(n / minibatch_size)
 
 
 def micro_batches(

@@ -31,6 +31,7 @@ from entrogym.train.eval_scores import (
     pass_at_k,
     pass_at_ks,
 )
+from entrogym.train.progress import counter
 
 __all__ = [  # the scores are re-exported: callers import them from here
     "EvalPlan",
@@ -299,7 +300,8 @@ def run_evaluation(
     pass_at_ks(samples, pass_at)  # a bad k fails before the rollouts
     if agent.on_turn_budget != plan.on_turn_budget:
         agent = agent.with_turn_budget_rule(plan.on_turn_budget)
-    with engine.seeded(seed):
+    total = len(plan.tasks) * samples
+    with engine.seeded(seed), counter(total, "eval", "episodes") as on_progress:
         episodes = collect_rollouts(
             plan.env,
             plan.tasks,
@@ -313,6 +315,7 @@ def run_evaluation(
             seed=seed,
             env_workers=env_workers,
             env_timeout=env_timeout,
+            on_progress=on_progress,
         )
     episodes = list(episodes)
     summary = {"split": plan.split, "tasks": len(plan.tasks), "samples": samples,

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from entrogym.algos import EntropyControl, UpdateBatch, policy_update
+from entrogym.algos import EntropyControl, UpdateBatch, optimizer_steps, policy_update
 from entrogym.algos.aepo import TemperatureSamples
 from entrogym.train import distributed
 from entrogym.train.checkpoint import load_adapter_into
@@ -24,6 +24,7 @@ from entrogym.train.mismatch import sampler_entropy_gap
 from entrogym.train.phases import PhaseClock
 from entrogym.train.policy import LoraSettings, load_policy, trainable_parameters
 from entrogym.train.precision import apply_threads, loss_scaler_for, resolve_dtype
+from entrogym.train.progress import progress
 from entrogym.train.rng import iteration_seed
 from entrogym.train.versions import WeightVersions
 
@@ -76,18 +77,21 @@ class Learner:
         """Iteration ``it``'s update on ``batch`` (advantages and old log-probs set): the
         preset's metrics plus ``grad_norm``, the mean pre-clip norm of its steps."""
         self.grad_norms = []
-        metrics = policy_update(
-            control,
-            batch,
-            score=lambda index, need: self.score(batch, index, need),
-            backward=self.backward,
-            step=self.step,
-            zero_grad=lambda: self.optimizer.zero_grad(set_to_none=True),
-            micro_batch_size=self.cfg.micro_batch_size,
-            generator=torch.Generator().manual_seed(iteration_seed(self.cfg.seed, it)),
-            version=it,
-            micro_batch_tokens=self.cfg.micro_batch_tokens,
-        )
+        steps = optimizer_steps(control.config, len(batch))
+        with progress(total=steps, desc="update", unit="steps", enabled=self.ranks.main) as bar:
+            metrics = policy_update(
+                control,
+                batch,
+                score=lambda index, need: self.score(batch, index, need),
+                backward=self.backward,
+                step=self.step,
+                zero_grad=lambda: self.optimizer.zero_grad(set_to_none=True),
+                micro_batch_size=self.cfg.micro_batch_size,
+                generator=torch.Generator().manual_seed(iteration_seed(self.cfg.seed, it)),
+                version=it,
+                micro_batch_tokens=self.cfg.micro_batch_tokens,
+                on_step=bar.update,
+            )
         return {**metrics, "grad_norm": sum(self.grad_norms) / max(len(self.grad_norms), 1)}
 
     def score(

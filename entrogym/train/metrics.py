@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 import time
 import warnings
 from collections.abc import Iterable, Iterator
@@ -241,22 +240,6 @@ class MetricsLogger:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def progress(
-    iterable: Iterable[Any] | None = None,
-    *,
-    total: int | None = None,
-    desc: str = "",
-    unit: str = "it",
-) -> Any:
-    """A tqdm progress bar on stderr for long phases (rollouts, updates, evaluation); it
-    switches itself off when stderr is not a terminal, so logs and CI output stay clean."""
-    from tqdm.auto import tqdm
-
-    return tqdm(
-        iterable, total=total, desc=desc, unit=unit, file=sys.stderr, leave=False, disable=None
-    )
 
 
 def summary_line(row: dict[str, Any]) -> str:

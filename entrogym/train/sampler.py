@@ -37,6 +37,7 @@ from entrogym.train.config import TrainConfig
 from entrogym.train.evaluation import EvalPlan, plan_evaluation, run_evaluation
 from entrogym.train.pipeline import RolloutPipeline
 from entrogym.train.policy import save_adapter
+from entrogym.train.progress import counter, progress
 from entrogym.train.rng import iteration_seed
 from entrogym.train.run_folder import adapter_folder, prune_adapters, write_error
 from entrogym.train.shutdown import ShutdownRequest
@@ -276,7 +277,12 @@ class Sampler:
         batch as an error names it (default: iteration ``it``)."""
         cfg = self.cfg
         t0 = time.perf_counter()
-        with self._engine_lock, stream or contextlib.nullcontext():
+        total = len(tasks) * cfg.samples
+        with (
+            self._engine_lock,
+            stream or contextlib.nullcontext(),
+            counter(total, "AEPO samples" if what else "rollouts", "episodes") as on_progress,
+        ):
             rollouts = collect_rollouts(
                 cfg.env,
                 tasks,
@@ -294,6 +300,7 @@ class Sampler:
                 env_timeout=cfg.env_timeout,
                 # under torchrun, rank 0 alone collects: a stop is only taken between iterations
                 should_stop=None if self.ranks.distributed else self._should_stop,
+                on_progress=on_progress,
             )
         # An env that raises or breaks its contract fails its episode (logged once per message);
         # past the allowed share the run stops, naming the first failure.
@@ -327,7 +334,8 @@ class Sampler:
         with tempfile.TemporaryDirectory(prefix="entrogym-probe-") as tmp:
             copy = shutil.copytree(adapter_folder(self.run_dir, start), Path(tmp) / "adapter")
             batches = []
-            for it in range(PROBE_ITERATION + 1, PROBE_ITERATION + n + 1):
+            draws = range(PROBE_ITERATION + 1, PROBE_ITERATION + n + 1)
+            for it in progress(draws, desc="target probe", unit="batches"):
                 with self.engine.seeded(iteration_seed(self.cfg.seed, it)):
                     batches.append(self.collect(it, version=start, adapter=copy)[0])
         return batches

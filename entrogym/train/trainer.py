@@ -34,10 +34,11 @@ from entrogym.train.adapter_check import verify_adapter
 from entrogym.train.checkpoint import read_training_state, rng_state, set_rng_state
 from entrogym.train.config import TrainConfig
 from entrogym.train.learner import Learner
-from entrogym.train.metrics import progress, summary_line
+from entrogym.train.metrics import summary_line
 from entrogym.train.mismatch import sampler_mismatch
 from entrogym.train.phases import PhaseClock, PhaseHook
 from entrogym.train.pipeline import RolloutPipeline
+from entrogym.train.progress import progress
 from entrogym.train.run import Run
 from entrogym.train.run_folder import NothingToDo, RunFileError
 from entrogym.train.sampler import PROBE_ITERATION, Sampler, TrainingStopped
@@ -121,7 +122,8 @@ class Trainer:
         self.sampler.publish_older_versions(start)
         self._probe_target()
         with self.sampler.pipeline(start, self.cfg.iterations) as pipeline:
-            for it in progress(range(start, self.cfg.iterations), desc="iterations", unit="iter"):
+            iterations = range(start, self.cfg.iterations)
+            for it in progress(iterations, desc="iterations", unit="iter", enabled=self.ranks.main):
                 self._fit_iteration(it, pipeline)
 
     def _fit_iteration(self, it: int, pipeline: RolloutPipeline) -> None:

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from entrogym.algos import EntropyControl, UpdateBatch, build_algorithm, policy_update
+from entrogym.algos import (
+    EntropyControl,
+    UpdateBatch,
+    build_algorithm,
+    optimizer_steps,
+    policy_update,
+)
 from entrogym.algos.entropy import repo_r
 
 
@@ -205,3 +211,26 @@ def test_non_finite_model_scores_skip_the_step_instead_of_raising():
         step=lambda: True,
     )
     assert m["skipped_steps"] == 1 and m["optimizer_steps"] == 0 and calls == []
+
+
+@pytest.mark.parametrize(
+    ("minibatch_size", "epochs", "steps"), [(None, 2, 2), (5, 2, 6), (4, 1, 3)]
+)
+def test_on_step_counts_every_optimizer_step_taken_or_skipped(minibatch_size, epochs, steps):
+    logits, actions, rewards, groups = _tabular()  # 12 rows
+    cfg = build_algorithm({"name": "grpo", "minibatch_size": minibatch_size, "epochs": epochs})
+    taken = iter([True, False] * steps)  # every other step is skipped (non-finite grads)
+    calls: list[int] = []
+    m = _update(
+        cfg,
+        EntropyControl(cfg),
+        logits,
+        actions,
+        rewards,
+        groups,
+        backward=lambda loss: None,
+        step=lambda: next(taken),
+        on_step=lambda: calls.append(1),
+    )
+    assert optimizer_steps(cfg, len(actions)) == len(calls) == steps
+    assert m["optimizer_steps"] + m["skipped_steps"] == steps

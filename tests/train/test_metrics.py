@@ -116,8 +116,10 @@ def test_tensorboard_scalars_match_the_rows_and_resume_purges(tmp_path):
     assert got == [(1, 2.0), (2, 3.0), (3, 4.0), (4, 14.0), (5, 15.0)]
 
 
-def test_progress_bar_is_silent_off_a_terminal(capsys):
-    from entrogym.train.metrics import progress
+def test_progress_bar_is_silent_off_a_terminal(capsys, monkeypatch):
+    from entrogym.train.progress import PROGRESS_ENV, progress
+
+    monkeypatch.delenv(PROGRESS_ENV, raising=False)
 
     bar = progress(range(5), desc="rollouts")
     assert list(bar) == [0, 1, 2, 3, 4]
