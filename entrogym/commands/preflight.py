@@ -2,8 +2,10 @@
 
 An unknown env id, env kwargs the env refuses, a split the env does not have, a model that is
 neither a built-in, a folder nor a hub id, an ``--out`` that is a file, cannot be written or
-has a name too long for its filesystem, and an unwritable ``$ENTROGYM_CACHE`` all fail here
-in well under a second instead of after the model has loaded.
+has a name too long for its filesystem, an unwritable ``$ENTROGYM_CACHE`` and an
+``--init-adapter`` that does not fit the run all fail here in well under a second instead of
+after the model has loaded. Values that need no file or registry are checked by the config
+dataclasses themselves (``AgentConfig``, ``TrainConfig``).
 """
 
 from __future__ import annotations
@@ -235,6 +237,16 @@ def check_cache() -> None:
     check_writable_dir(default_cache_dir(), "ENTROGYM_CACHE")
 
 
+def check_init_adapter(config: Any) -> None:
+    """``init_adapter``, when set, is an adapter (or a run or checkpoint folder holding one)
+    whose checksums, base model and LoRA settings fit the run."""
+    from entrogym.train.adapter_check import verify_adapter
+
+    if config.init_adapter:
+        lora = (config.lora_rank, config.lora_alpha, config.lora_target_modules)
+        verify_adapter(config.init_adapter, config.model, option="init_adapter", lora=lora)
+
+
 def check_run_inputs(config: Any) -> None:
     """Everything of a ``TrainConfig`` that can be checked without loading a model."""
     from entrogym.models import BUILTIN_MODELS
@@ -257,4 +269,5 @@ def check_run_inputs(config: Any) -> None:
     check_trackers(config.report_to, config.out)
     if config.model in BUILTIN_MODELS and not config.engine_urls:
         check_cache()
+    check_init_adapter(config)
     check_model_fits(config, lora_targets=config.lora_target_modules)

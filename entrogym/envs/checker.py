@@ -13,15 +13,21 @@ from typing import Any
 
 import gymnasium as gym
 
-from entrogym.envs.contract import check_reward_range, observation_problem, reward_problem
+from entrogym.envs.contract import (
+    EnvContractError,
+    check_reward_range,
+    check_step_reward,
+    check_terminal_reward,
+    observation_problem,
+)
 
 __all__ = [
     "TextEnvCheckError",
     "check_action_truncation",
     "check_end_episode",
+    "check_episode_rewards",
     "check_prompt_is_stable",
     "check_task_ids_stable",
-    "check_terminal_reward",
     "check_text_env",
     "check_text_spaces",
 ]
@@ -68,9 +74,18 @@ def _reset(env: gym.Env, task_id: str, check: str, seed: int) -> str:
     return observation
 
 
-def _terminal_info(info: Any, check: str, task_id: str, where: str) -> None:
-    if not isinstance(info, dict) or not isinstance(info.get("success"), bool):
-        raise _fail(check, task_id, f"{where}: info['success'] must be a bool, got info={info!r}")
+def _outcome(
+    check: str, task_id: str, where: str, reward: Any, reward_range: Any, info: Any = None
+) -> None:
+    """The contract's reward checks (:mod:`entrogym.envs.contract`) as a failure of ``check``:
+    a terminal outcome when ``info`` is given, else a step before the last."""
+    try:
+        if info is None:
+            check_step_reward(reward, False)
+        else:
+            check_terminal_reward(reward, reward_range, info)
+    except EnvContractError as e:
+        raise _fail(check, task_id, f"{where}: {e}") from e
 
 
 def check_text_spaces(env: gym.Env) -> None:
@@ -110,12 +125,12 @@ def check_prompt_is_stable(env: gym.Env, task_id: str, seed: int = 0) -> None:
         raise _fail(check, task_id, "two resets to the same task gave different prompts")
 
 
-def check_terminal_reward(
+def check_episode_rewards(
     env: gym.Env, task_id: str, seed: int = 0, max_steps: int = DEFAULT_MAX_STEPS
 ) -> None:
     """An episode of sampled actions: reward 0 before the terminal step; a terminal reward
     within ``reward_range`` with a bool ``info["success"]``; string observations throughout."""
-    check = "check_terminal_reward"
+    check = "check_episode_rewards"
     reward_range = check_reward_range(_attr(env, "reward_range", check))
     _reset(env, task_id, check, seed)
     env.action_space.seed(seed)
@@ -126,13 +141,9 @@ def check_terminal_reward(
         if problem is not None:
             raise _fail(check, task_id, f"step {turn}: {problem}")
         if not (terminated or truncated):
-            if reward != 0:
-                raise _fail(check, task_id, f"step {turn} is not terminal but has reward {reward}")
+            _outcome(check, task_id, f"step {turn}", reward, reward_range)
             continue
-        problem = reward_problem(reward, reward_range)
-        if problem is not None:
-            raise _fail(check, task_id, f"terminal step {turn}: {problem}")
-        _terminal_info(info, check, task_id, f"terminal step {turn}")
+        _outcome(check, task_id, f"terminal step {turn}", reward, reward_range, info)
         return
     # a long episode: end it, so the env is left between episodes
     _call(check, task_id, "end_episode", _attr(env, "end_episode", check))
@@ -146,10 +157,7 @@ def check_end_episode(env: gym.Env, task_id: str, seed: int = 0) -> None:
     reward_range = check_reward_range(_attr(env, "reward_range", check))
     _reset(env, task_id, check, seed)
     reward, info = _call(check, task_id, "end_episode", end_episode)
-    problem = reward_problem(reward, reward_range)
-    if problem is not None:
-        raise _fail(check, task_id, f"end_episode: {problem}")
-    _terminal_info(info, check, task_id, "end_episode")
+    _outcome(check, task_id, "end_episode", reward, reward_range, info)
     for name, call in (("step", lambda: env.step(_action(env))), ("end_episode", end_episode)):
         try:
             call()
@@ -198,7 +206,7 @@ def check_text_env(
     task_ids = check_task_ids_stable(env, split)
     for task_id in task_ids[:max_tasks]:
         check_prompt_is_stable(env, task_id, seed)
-        check_terminal_reward(env, task_id, seed, max_steps)
+        check_episode_rewards(env, task_id, seed, max_steps)
         check_end_episode(env, task_id, seed)
         check_action_truncation(env, task_id, seed)
     if check_task_ids_stable(env, split) != task_ids:

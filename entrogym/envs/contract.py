@@ -2,8 +2,8 @@
 
 :class:`entrogym.envs.TextEnv` implements the whole contract; a plain ``gymnasium.Env`` can too.
 :func:`entrogym.envs.check_text_env` checks an env against it, and the rollout loop
-(:mod:`entrogym.agents.rollout`) applies :func:`observation_problem` and :func:`reward_problem`
-to every step, turning a violation into a failed episode instead of training data.
+(:mod:`entrogym.agents.rollout`) applies :func:`check_reply` and :func:`check_step_reward` to
+every step, turning a violation into a failed episode instead of training data.
 """
 
 from __future__ import annotations
@@ -218,10 +218,21 @@ def check_step_reward(reward: Any, terminal: bool, reward_range: Any = None) -> 
         raise EnvContractError(problem)
 
 
-def check_terminal_reward(reward: Any, reward_range: Any = None) -> None:
-    """:class:`EnvContractError` unless ``reward`` is finite and within ``reward_range``
-    (None: :data:`DEFAULT_REWARD_RANGE`)."""
+def check_terminal_reward(reward: Any, reward_range: Any = None, info: Any = None) -> None:
+    """:class:`EnvContractError` unless ``reward`` is a finite real number within
+    ``reward_range`` (None: :data:`DEFAULT_REWARD_RANGE`) and, when the last step's ``info`` is
+    given, its ``info["success"]`` is present and a bool (Python's or numpy's).
+
+    The one check of a terminal outcome: the rollout loop applies it to every episode's end,
+    :func:`entrogym.envs.check_text_env` to the episodes it runs."""
     bounds = check_reward_range(DEFAULT_REWARD_RANGE if reward_range is None else reward_range)
     problem = reward_problem(reward, bounds)
     if problem is not None:
         raise EnvContractError(problem)
+    if info is None:
+        return
+    if not isinstance(info, dict) or "success" not in info:
+        raise EnvContractError(
+            f"info['success'] must be a bool on the last step; got info={info!r}"
+        )
+    check_success_flag(info)

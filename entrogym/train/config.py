@@ -162,7 +162,6 @@ class TrainConfig(AgentConfig):
         positive = (
             "iterations",
             "tasks_per_iter",
-            "max_response_tokens",
             "checkpoint_every",
             "micro_batch_size",
             "lora_rank",

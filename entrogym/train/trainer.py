@@ -30,7 +30,6 @@ from entrogym.agents.rollout import EnvErrorBudgetExceeded, RolloutsInterrupted
 from entrogym.algos import EntropyControl, UpdateBatch
 from entrogym.algos.aepo import Aepo
 from entrogym.train import distributed
-from entrogym.train.adapter_check import verify_adapter
 from entrogym.train.checkpoint import read_training_state, rng_state, set_rng_state
 from entrogym.train.config import TrainConfig
 from entrogym.train.learner import Learner
@@ -65,17 +64,15 @@ class Trainer:
         phases of every iteration (``entrogym.train.phases``). ``shutdown``: the signal
         handlers that stop the run (:func:`train` arms them from start-up on).
 
-        Config errors come first (an ``init_adapter`` that does not fit included), then the
-        run-folder checks and its lock, so a wrong ``--out`` or a second writer fails before
-        any model loads."""
+        The config checked its own values when it was made, and ``entrogym train`` checks
+        what needs files or the env registry (``init_adapter`` included) before it builds a
+        trainer (:mod:`entrogym.commands.preflight`). Here the run-folder checks and its lock
+        come before the model, so a second writer fails before any model loads."""
         self.cfg = cfg
         self.ranks = distributed.setup_ranks()
         self.phases = PhaseClock(hooks)
         self.shutdown = shutdown or ShutdownRequest(cfg.shutdown_grace)
-        self.algo = cfg.algorithm()  # a bad preset is a config error: before the folder
-        if cfg.init_adapter:  # its checksums, base model and LoRA settings: before the folder
-            lora = (cfg.lora_rank, cfg.lora_alpha, cfg.lora_target_modules)
-            verify_adapter(cfg.init_adapter, cfg.model, option="init_adapter", lora=lora)
+        self.algo = cfg.algorithm()  # checked when the config was made
         self.sampler = Sampler(cfg, self.ranks, self.shutdown, engine)  # checks split, eval env
         self.run = Run(cfg, self.ranks)
         resume_from = self.run.open()

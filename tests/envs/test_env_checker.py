@@ -83,7 +83,7 @@ class Plain(gym.Env):
         self.done = True
         reward = 1e6 if self.fault == "range" else 1.0
         if self.fault != "no-success":
-            info["success"] = True
+            info["success"] = "yes" if self.fault == "success-string" else True
         return "done", reward, True, False, info
 
     def end_episode(self) -> tuple[float, dict]:
@@ -105,9 +105,15 @@ def test_plain_gymnasium_env_passes() -> None:
     [
         ("ids", "check_task_ids_stable", None, "changed between two calls"),
         ("prompt", "check_prompt_is_stable", "b", "different prompts"),
-        ("early-reward", "check_terminal_reward", "a", "step 1 is not terminal but has reward"),
-        ("range", "check_terminal_reward", "a", "outside the env's reward_range"),
-        ("no-success", "check_terminal_reward", "a", "info['success'] must be a bool"),
+        (
+            "early-reward",
+            "check_episode_rewards",
+            "a",
+            "step 1: reward 0.5 before the episode's last",
+        ),
+        ("range", "check_episode_rewards", "a", "outside the env's reward_range"),
+        ("no-success", "check_episode_rewards", "a", "info['success'] must be a bool"),
+        ("success-string", "check_episode_rewards", "a", "info['success'] is a str ('yes')"),
         ("no-end", "check_end_episode", "a", "step after end_episode() did not raise"),
         ("no-flag", "check_action_truncation", "a", "action_truncated"),
     ],
@@ -129,7 +135,7 @@ def test_env_exception_is_reported_with_check_and_task() -> None:
 
     with pytest.raises(TextEnvCheckError, match="step 1 raised KeyError") as caught:
         check_text_env(Crashes())
-    assert caught.value.check == "check_terminal_reward" and caught.value.task_id == "a"
+    assert caught.value.check == "check_episode_rewards" and caught.value.task_id == "a"
 
 
 def test_missing_methods_and_bad_arguments() -> None:
