@@ -37,26 +37,3 @@ def bf16_round(values: torch.Tensor) -> torch.Tensor:
     import torch
 
     return values.to(torch.bfloat16).to(values.dtype)
-
-
-def cpu_has_bf16(cpuinfo: str | None = None) -> bool | None:
-    """Whether this machine's CPU computes bf16 natively: x86's ``avx512_bf16`` or ``amx_bf16``
-    flag, Arm's ``bf16`` feature, read from ``/proc/cpuinfo`` (``cpuinfo``: its text, for
-    tests). None when that cannot be read (not Linux): unknown, so nothing is refused.
-
-    Without them torch still runs bf16 matmuls, emulated through fp32 at a fraction of fp32's
-    speed, so a bf16 sampler would be slower and less exact than an fp32 one."""
-    if cpuinfo is None:
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-                cpuinfo = fh.read()
-        except OSError:
-            return None
-    flags: set[str] = set()
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            flags.update(value.split())
-    if not flags:
-        return None
-    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})

