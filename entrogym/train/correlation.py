@@ -2,9 +2,9 @@
 
 Figure 1 (right) of the paper plots each checkpoint's test accuracy against the cumulative
 entropy experienced up to it, and reads a rising trend: runs that kept more entropy end more
-accurate. :func:`accuracy_entropy_correlation` puts a number on that trend over a set of run
-folders, one point per run (its last evaluated checkpoint), so that one run's many
-checkpoints do not outweigh the others.
+accurate. :func:`correlation_of` puts a number on that trend over a set of runs, one point per
+run (``entrogym.train.plots.accuracy_entropy_correlation`` takes each run's last evaluated
+checkpoint), so that one run's many checkpoints do not outweigh the others.
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from entrogym.train.plots import Run, cumulative_at
 
 
 def pearson(xs: list[float], ys: list[float]) -> float:
@@ -67,14 +65,9 @@ class Correlation:
         )
 
 
-def accuracy_entropy_correlation(runs: list[Run]) -> Correlation | None:
-    """Correlation of each run's last evaluated accuracy with its cumulative entropy up to that
-    checkpoint; None with fewer than 3 evaluated runs (too few points to mean anything)."""
-    points = []
-    for run in runs:
-        if run.accuracy:
-            last = max(run.accuracy)
-            points.append((str(run.path), cumulative_at(run, last), run.accuracy[last]))
+def correlation_of(points: list[tuple[str, float, float]]) -> Correlation | None:
+    """The correlation over ``(run, cumulative entropy, accuracy)`` points, one per run; None
+    with fewer than 3 (too few points to mean anything)."""
     if len(points) < 3:
         return None
     xs, ys = [p[1] for p in points], [p[2] for p in points]

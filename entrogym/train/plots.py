@@ -28,6 +28,7 @@ from matplotlib import pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from entrogym.atomic import atomic_path, atomic_write_text  # noqa: E402
+from entrogym.train.correlation import Correlation, correlation_of  # noqa: E402
 from entrogym.train.metrics import cumulative_entropy, read_metrics  # noqa: E402
 
 # Eval-row fields tried in order when no metric is named: the share of tasks solved.
@@ -198,6 +199,17 @@ def accuracy_vs_entropy_figure(runs: list[Run]) -> Figure:
     return fig
 
 
+def accuracy_entropy_correlation(runs: list[Run]) -> Correlation | None:
+    """Each run's last evaluated accuracy against its cumulative entropy up to that checkpoint
+    (:func:`entrogym.train.correlation.correlation_of`); None with fewer than 3 such runs."""
+    points = []
+    for run in runs:
+        if run.accuracy:
+            last = max(run.accuracy)
+            points.append((str(run.path), cumulative_at(run, last), run.accuracy[last]))
+    return correlation_of(points)
+
+
 def _save(fig: Figure, path: Path) -> Path:
     try:
         with atomic_path(path) as tmp:
@@ -242,9 +254,6 @@ def plot_runs(
     written.append(
         _save(accuracy_vs_entropy_figure(runs), out / "accuracy_vs_cumulative_entropy.png")
     )
-    # imported here: correlation.py builds on this module's Run
-    from entrogym.train.correlation import accuracy_entropy_correlation
-
     corr = accuracy_entropy_correlation(runs)
     if corr is not None:
         print(corr.line())

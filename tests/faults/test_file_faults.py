@@ -11,7 +11,7 @@ from pathlib import Path
 
 import hostile_envs  # noqa: F401  (registers faults/Hostile-v0)
 import pytest
-from vowel_env import TINY_SETTINGS
+from hostile_cli import hostile_args, one_line
 
 import entrogym.train.run_folder as run_folder
 from entrogym.commands import train as train_command
@@ -20,25 +20,11 @@ from entrogym.train.metrics import read_metrics
 from entrogym.train.run_folder import HISTORY_FILE
 
 
-def _args(out: Path, iterations: int = 1, **values: object) -> list[str]:
-    args = ["--env", "faults/Hostile-v0", "--algo", "rloo", "--out", str(out)]
-    args += ["--iterations", str(iterations)]
-    for key, value in {**TINY_SETTINGS, "tasks_per_iter": 4, **values}.items():
-        args += [f"--{key.replace('_', '-')}", str(value)]
-    return args
-
-
-def _one_line(err: str) -> str:
-    lines = [line for line in err.splitlines() if line.startswith("entrogym train: ")]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
-
-
 def test_an_unwritable_config_on_resume_is_one_line_and_not_recorded(
     tmp_path: Path, capsys, monkeypatch
 ) -> None:
     out = tmp_path / "run"
-    assert train_command.cli(_args(out)) == 0
+    assert train_command.cli(hostile_args(out)) == 0
     history = (out / HISTORY_FILE).read_text()
     real = run_folder.atomic_write_text
 
@@ -50,8 +36,8 @@ def test_an_unwritable_config_on_resume_is_one_line_and_not_recorded(
     monkeypatch.setattr(run_folder, "atomic_write_text", refuse_config)
     capsys.readouterr()
     # extending --iterations is allowed and rewrites config.yaml
-    assert train_command.cli([*_args(out, iterations=2), "--resume"]) == 1
-    line = _one_line(capsys.readouterr().err)
+    assert train_command.cli([*hostile_args(out, iterations=2), "--resume"]) == 1
+    line = one_line(capsys.readouterr().err)
     assert f"cannot write {out / 'config.yaml'} (Permission denied)" in line
     assert "--resume" in line
     assert (out / HISTORY_FILE).read_text() == history  # nothing resumed, nothing recorded
@@ -62,9 +48,9 @@ def test_an_unwritable_config_on_resume_is_one_line_and_not_recorded(
 def test_a_run_folder_that_breaks_mid_run_keeps_its_rows(tmp_path: Path, capsys, folder) -> None:
     out = tmp_path / "run"
     sabotage = f"{{sabotage: {out / folder}, sabotage_after: 12}}"  # in iteration 1
-    argv = [*_args(out, iterations=3, checkpoint_every=1), "--env-kwargs", sabotage]
+    argv = [*hostile_args(out, iterations=3, checkpoint_every=1), "--env-kwargs", sabotage]
     assert train_command.cli(argv) == 1
-    line = _one_line(capsys.readouterr().err)
+    line = one_line(capsys.readouterr().err)
     assert f"{out / folder}" in line and "--resume" in line
     rows = read_metrics(out)
     assert [r["iteration"] for r in rows] == [0, 1]  # iteration 1's row is kept
@@ -72,11 +58,11 @@ def test_a_run_folder_that_breaks_mid_run_keeps_its_rows(tmp_path: Path, capsys,
         assert latest_checkpoint(out).name == "iter-000000"
 
 
-def test_too_many_env_errors_stop_the_run_in_one_line(tmp_path: Path, capsys) -> None:
+def test_too_many_env_errors_stop_the_run_inone_line(tmp_path: Path, capsys) -> None:
     out = tmp_path / "run"
     kwargs = "{fault: raise, broken: [t0, t1, t2, t3]}"
-    assert train_command.cli([*_args(out), "--env-kwargs", kwargs]) == 1
-    line = _one_line(capsys.readouterr().err)
+    assert train_command.cli([*hostile_args(out), "--env-kwargs", kwargs]) == 1
+    line = one_line(capsys.readouterr().err)
     assert "8 of 8 episodes failed on env errors, more than max_env_error_fraction=0.5" in line
     assert re.search(
         r"the first: env 'faults/Hostile-v0', task 't\d', step: ConnectionError: "

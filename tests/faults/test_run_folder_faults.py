@@ -12,26 +12,11 @@ from pathlib import Path
 
 import hostile_envs  # noqa: F401  (registers faults/Hostile-v0)
 import pytest
-from vowel_env import TINY_SETTINGS
+from hostile_cli import hostile_args, one_line
 
 from entrogym.commands import train as train_command
 from entrogym.train.metrics import read_metrics
 from entrogym.train.run_folder import HISTORY_FILE
-
-
-def _args(out: Path, iterations: int = 1, **values: object) -> list[str]:
-    args = ["--env", "faults/Hostile-v0", "--algo", "rloo", "--out", str(out)]
-    args += ["--iterations", str(iterations)]
-    for key, value in {**TINY_SETTINGS, "tasks_per_iter": 4, **values}.items():
-        args += [f"--{key.replace('_', '-')}", str(value)]
-    return args
-
-
-def _one_line(err: str) -> str:
-    """The command's one line; no traceback, no thread's exception."""
-    lines = [line for line in err.splitlines() if line.startswith("entrogym train: ")]
-    assert len(lines) == 1 and "Traceback" not in err and "Exception in thread" not in err, err
-    return lines[0]
 
 
 def _events(out: Path) -> list[tuple[str, int | None]]:
@@ -43,7 +28,7 @@ def _events(out: Path) -> list[tuple[str, int | None]]:
 def finished_run(tmp_path_factory) -> Path:
     """A 1-iteration run with its checkpoint iter-000000 (copy it before changing it)."""
     out = tmp_path_factory.mktemp("base") / "run"
-    assert train_command.cli(_args(out)) == 0
+    assert train_command.cli(hostile_args(out)) == 0
     assert _events(out) == [("start", 0)]
     return out
 
@@ -55,7 +40,7 @@ def finished_run(tmp_path_factory) -> Path:
         ("tb", lambda p: p.write_text("x\n"), "a file, not the folder"),
     ],  # fmt: skip
 )
-def test_a_run_file_of_the_wrong_kind_is_refused_on_resume_in_one_line(
+def test_a_run_file_of_the_wrong_kind_is_refused_on_resume_inone_line(
     finished_run: Path, tmp_path: Path, capsys, name, make, found
 ) -> None:
     out = tmp_path / "run"
@@ -65,25 +50,31 @@ def test_a_run_file_of_the_wrong_kind_is_refused_on_resume_in_one_line(
     make(path)
     history = (out / HISTORY_FILE).read_text()
     capsys.readouterr()
-    assert train_command.cli([*_args(out, iterations=2), "--resume"]) == 2
+    assert train_command.cli([*hostile_args(out, iterations=2), "--resume"]) == 2
     captured = capsys.readouterr()
-    line = _one_line(captured.err)
+    line = one_line(captured.err)
     assert f"run folder {out}: {name} is {found}" in line and "Move it away" in line
     assert "resuming" not in captured.out  # refused before any checkpoint or model loads
     assert (out / HISTORY_FILE).read_text() == history
 
 
-def test_a_run_folder_that_breaks_during_an_adapter_publish_says_so_in_one_line(
+def test_a_run_folder_that_breaks_during_an_adapter_publish_says_so_inone_line(
     tmp_path: Path, capsys
 ) -> None:
     out = tmp_path / "run"
     # the whole folder becomes a file in iteration 1's rollouts: the publish after its update
     # is the first write that fails, then TensorBoard's (its writer thread and its close)
     sabotage = f"{{sabotage: {out}, sabotage_after: 12}}"
-    argv = [*_args(out, iterations=3), "--env-kwargs", sabotage, "--report-to", "tensorboard"]
+    argv = [
+        *hostile_args(out, iterations=3),
+        "--env-kwargs",
+        sabotage,
+        "--report-to",
+        "tensorboard",
+    ]
     assert train_command.cli(argv) == 1
     err = capsys.readouterr().err
-    line = _one_line(err)
+    line = one_line(err)
     assert f"cannot write {out} (a file is where a folder should be)" in line
     assert "--resume" in line
     # TensorBoard's failure at the row's write is one secondary line; its close is quiet
@@ -96,12 +87,12 @@ def test_a_run_folder_that_breaks_during_an_adapter_publish_says_so_in_one_line(
 def test_init_adapter_of_a_run_with_no_checkpoint_yet_names_that(tmp_path: Path, capsys) -> None:
     first = tmp_path / "first"
     broken = "{fault: raise, broken: [t0, t1, t2, t3]}"  # stops in iteration 0, before a save
-    assert train_command.cli([*_args(first), "--env-kwargs", broken]) == 1
+    assert train_command.cli([*hostile_args(first), "--env-kwargs", broken]) == 1
     assert not (first / "checkpoints").exists()
     capsys.readouterr()
-    argv = [*_args(tmp_path / "second"), "--init-adapter", str(first)]
+    argv = [*hostile_args(tmp_path / "second"), "--init-adapter", str(first)]
     assert train_command.cli(argv) == 2
-    line = _one_line(capsys.readouterr().err)
+    line = one_line(capsys.readouterr().err)
     assert f"{first} is a run folder with no complete checkpoint yet" in line
     assert f"entrogym train --resume --out {first}" in line
     assert "neither" not in line
@@ -124,7 +115,7 @@ def test_a_leftover_temporary_checkpoint_never_counts_as_one(
     out = tmp_path / "run"
     _killed_in_first_save(finished_run, out)
     # a run with no checkpoint starts over in its folder, fresh start or --resume alike
-    argv = [*_args(out), *(["--resume"] if resume else [])]
+    argv = [*hostile_args(out), *(["--resume"] if resume else [])]
     assert train_command.cli(argv) == 0, capsys.readouterr().err
     assert "already holds a run" not in capsys.readouterr().err
     assert _events(out) == [("start", 0), ("restart", 0)]
@@ -140,6 +131,6 @@ def test_a_resume_that_finds_no_intact_checkpoint_is_recorded_as_a_restart(
     shutil.copytree(finished_run, out)
     (out / "checkpoints" / "iter-000000" / "meta.json").unlink()
     with pytest.warns(UserWarning, match="ignoring checkpoint"):
-        assert train_command.cli([*_args(out), "--resume"]) == 0
+        assert train_command.cli([*hostile_args(out), "--resume"]) == 0
     assert _events(out) == [("start", 0), ("restart", 0)]  # nothing was resumed
     assert [r["iteration"] for r in read_metrics(out)] == [0]
