@@ -34,6 +34,8 @@ class SequentialOptions:
         stage2_algo: the one algorithm every stage-1 adapter is trained with on B.
         lr: AdamW learning rate of the LoRA, in both stages.
         eval_tasks: held-out tasks per evaluation (after the first and last update of a run).
+        eval_samples: samples per held-out task at each evaluation; the accuracy is their
+            mean (pass@1), so more samples measure it with less noise.
         pass_tasks: task A's held-out tasks scored for pass@k.
         pass_samples: samples per task for pass@k (k = 1, 4, 16, 64 up to it, and it).
         engine: rollout engine (None: the demo's, entrogym.demo.AGENT.engine).
@@ -57,6 +59,7 @@ class SequentialOptions:
     stage2_algo: str = "grpo"
     lr: float = 2.5e-4
     eval_tasks: int = 40
+    eval_samples: int = 1
     pass_tasks: int = 16
     pass_samples: int = 64
     engine: str | None = None
@@ -76,8 +79,8 @@ class SequentialOptions:
                 parsed_run(spec)
             except ValueError as err:
                 raise ValueError(f"runs: {spec!r}: {err}") from None
-        for name in ("stage1_iterations", "stage2_iterations", "eval_tasks", "pass_tasks",
-                     "pass_samples"):  # fmt: skip
+        for name in ("stage1_iterations", "stage2_iterations", "eval_tasks", "eval_samples",
+                     "pass_tasks", "pass_samples"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
@@ -140,7 +143,8 @@ def cli(argv: list[str]) -> int:
         plan = Plan(Path(opts.out), name, TaskPair(a, b, why), runs=opts.runs, seeds=opts.seeds,
                     stage1_iterations=opts.stage1_iterations,
                     stage2_iterations=opts.stage2_iterations, stage2_algo=opts.stage2_algo,
-                    lr=opts.lr, eval_tasks=opts.eval_tasks, pass_tasks=opts.pass_tasks,
+                    lr=opts.lr, eval_tasks=opts.eval_tasks,
+                    eval_samples=opts.eval_samples, pass_tasks=opts.pass_tasks,
                     pass_samples=opts.pass_samples, workers=opts.workers or 2 * cores,
                     threads=1, model=opts.model,
                     stage1_from=Path(opts.stage1_from) if opts.stage1_from else None,

@@ -79,13 +79,15 @@ def demo_config(
     env: str = ENV,
     env_kwargs: dict[str, Any] | None = None,
     init_adapter: str | None = None,
+    eval_samples: int = 1,
 ) -> TrainConfig:
     """The demo's TrainConfig for one preset: ``algo`` is a preset name or ``{"name": preset,
     knob: value, ...}`` (a labelled variant); the run folder is ``out / (name or preset)``.
     ``eval_tasks=0`` turns the held-out evaluation off; ``engine`` and ``model`` replace
     AGENT's (tests use a tiny model). ``env`` and ``env_kwargs`` (default: the demo's task)
     name the task trained and evaluated on, and ``init_adapter`` the adapter it starts from
-    (the sequential experiment's second stage)."""
+    (the sequential experiment's second stage); ``eval_samples`` samples each held-out task
+    that many times (the accuracy is their mean, pass@1)."""
     from entrogym.train.config import TrainConfig
 
     spec = {"name": algo} if isinstance(algo, str) else dict(algo)
@@ -96,7 +98,8 @@ def demo_config(
     evaluation: dict[str, Any] = {"eval_env": None, "eval_every": 0, "eval_tasks": None}
     if eval_tasks:  # held-out accuracy after the first and the last update (the plots' panels)
         evaluation = {"eval_env": env, "eval_env_kwargs": env_kwargs, "eval_split": "test",
-                      "eval_every": iterations, "eval_tasks": eval_tasks}  # fmt: skip
+                      "eval_every": iterations, "eval_tasks": eval_tasks,
+                      "eval_samples": eval_samples}  # fmt: skip
     return TrainConfig(
         **agent,
         env=env,

@@ -138,6 +138,7 @@ class Plan:
     stage2_algo: str = STAGE2_ALGO
     lr: float = DEFAULT_LR
     eval_tasks: int = 40
+    eval_samples: int = 1
     pass_tasks: int = PASS_TASKS
     pass_samples: int = PASS_SAMPLES
     workers: int = 4
@@ -157,7 +158,8 @@ class Plan:
                                      self.stage1_iterations, self.lr, self.eval_tasks, seed=seed,
                                      engine=self.engine, name=folder, threads=self.threads,
                                      model=self.model, env=pair.a.env,
-                                     env_kwargs=pair.a.env_kwargs)  # fmt: skip
+                                     env_kwargs=pair.a.env_kwargs,
+                                     eval_samples=self.eval_samples)  # fmt: skip
                 jobs.append(TrainJob(label, seed, 1, config))
         return jobs
 
@@ -195,7 +197,8 @@ class Plan:
                              self.lr, self.eval_tasks, seed=seed, engine=self.engine,
                              name=f"{folder.name}-then-{algo_folder}", threads=self.threads,
                              model=self.model, env=pair.b.env, env_kwargs=pair.b.env_kwargs,
-                             init_adapter=final_adapter(folder))  # fmt: skip
+                             init_adapter=final_adapter(folder),
+                             eval_samples=self.eval_samples)  # fmt: skip
         return TrainJob(stage1["label"], seed, 2, config)
 
 

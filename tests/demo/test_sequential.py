@@ -66,6 +66,7 @@ def test_sequential_runs_both_stages_and_writes_the_summary(
         (["--task-b", "entrogym/NoSuch-v0"], "task_b 'entrogym/NoSuch-v0' is not a registered env"),
         (["--pair", "nope"], "unknown pair"),
         (["--pass-samples", "0"], "pass_samples must be >= 1"),
+        (["--eval-samples", "0"], "eval_samples must be >= 1"),
         (["--runs", "grpo --algo.lever nope"], "runs:"),
     ],
 )
@@ -82,6 +83,18 @@ def test_bad_input_is_one_line_before_any_model_loads(
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
     assert not (tmp_path / "x").exists()
+
+
+def test_eval_samples_reach_every_evaluation_of_both_stages(tmp_path: Path) -> None:
+    from entrogym.demo.sequential import PAIRS, Plan
+
+    plan = Plan(tmp_path, "add1-add2", PAIRS["add1-add2"], runs=["grpo"], eval_samples=4)
+    (one,) = plan.stage1_jobs()
+    assert one.config.eval_samples == 4 and one.config.eval_tasks == 40
+    folder = tmp_path / "stage1" / "seed0" / "grpo"
+    (folder / "checkpoints" / "iter-000014" / "adapter").mkdir(parents=True)
+    two = plan.stage2_job({"seed": 0, "label": "grpo", "folder": str(folder)})
+    assert two.config.eval_samples == 4 and two.config.env_kwargs["max_digits"] == 2
 
 
 def test_labels_and_area() -> None:
