@@ -81,12 +81,22 @@ def best_seconds(fn: Callable[[], object], reps: int) -> float:
 
 def matmul_rate(dtype: torch.dtype, rows: int, hidden: int, inner: int) -> float:
     """FLOP/s of [rows, hidden] x [hidden, inner] in ``dtype`` (the decode step's MLP shape),
-    best of 20 timings of 50 products, with this process's threads."""
+    best of 20 timings of 50 products, at this process's threads and at one thread, whichever
+    is faster: where other jobs hold the cores, the threads' synchronisation can make a small
+    matmul many times slower on 2 threads than on 1, and a ceiling is the best the machine
+    gives (measured here: 0.2 against 88 GFLOP/s at a load average of 11 on 2 cores)."""
     import torch
 
     a, b = torch.randn(rows, hidden).to(dtype), torch.randn(hidden, inner).to(dtype)
-    seconds = best_seconds(lambda: [a @ b for _ in range(50)], 20)
-    return 2 * rows * hidden * inner * 50 / seconds
+    threads = torch.get_num_threads()
+    best = float("inf")
+    try:
+        for n in sorted({1, threads}):
+            torch.set_num_threads(n)
+            best = min(best, best_seconds(lambda: [a @ b for _ in range(50)], 20))
+    finally:
+        torch.set_num_threads(threads)
+    return 2 * rows * hidden * inner * 50 / best
 
 
 def read_rate(gib: float = 1.0) -> float:
