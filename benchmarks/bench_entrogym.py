@@ -123,7 +123,8 @@ def run(
             trainer.close()
         rows = [r for r in read_metrics(trainer.run.dir) if r.get("kind", "train") == "train"]
     iterations = [summary(row, c) for row, c in zip(rows, counts.iterations, strict=True)]
-    return {"startup_s": startup_s, "iterations": iterations, **_ceilings(work)}
+    sampler = {"engine": trainer.cfg.engine, "engine_dtype": trainer.cfg.engine_dtype}
+    return {"startup_s": startup_s, "iterations": iterations, **sampler, **_ceilings(work)}
 
 
 def summary(row: dict, counts: dict) -> dict:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from roofline import roofline_fraction
+
 # A repetition slower than this many times the median of its siblings is flagged.
 OUTLIER = 2.0
 # Generated tokens of entrogym and TRL within this share count as equal work.
@@ -71,13 +73,44 @@ def _per_token(trl: dict, mine: dict, key: str) -> float:
     return round(theirs / ours, 3)
 
 
-def build_report(runs: dict[str, list[dict]], args: Any, settings: dict) -> dict:
+def generation_roofline(tokens_per_s: float, rates: dict) -> dict:
+    """``generation_roofline_fraction`` of a generation rate, and the bound's inputs (the
+    ``bench_generation.py`` result that measured them) beside it."""
+    bound = rates["roofline"]
+    return {
+        "generation_roofline_fraction": roofline_fraction(tokens_per_s, bound),
+        "generation_roofline": {"engine_dtype": rates["dtype"], **bound},
+    }
+
+
+def roofline_row(row: dict) -> dict:
+    """A roofline row: generation alone, its repetitions and its fraction; or why it was
+    skipped."""
+    keep = {k: row[k] for k in ("engine", "dtype", "skipped") if k in row}
+    if "skipped" in keep:
+        return keep
+    return keep | {
+        "tokens_per_s": row["tokens_per_s"],
+        "startup_s": row["startup_s"],
+        "repetitions": row["repetitions"],
+        "generation_roofline_fraction": roofline_fraction(row["tokens_per_s"], row["roofline"]),
+        "roofline": row["roofline"],
+    }
+
+
+def build_report(
+    runs: dict[str, list[dict]], args: Any, settings: dict, generation: dict | None = None
+) -> dict:
     """The JSON document: ``entrogym`` (sync), ``entrogym_async``, ``trl`` and the ratios:
     ``speedup_vs_trl`` (TRL's median seconds per iteration over the synchronous loop's),
     ``speedup_vs_trl_async``, the same per generated and per learner token
     (``..._per_generated_token``, ``..._per_learner_token``; the unsuffixed ones are the
-    synchronous loop's), ``async_vs_sync`` and ``equal_work``."""
+    synchronous loop's), ``async_vs_sync`` and ``equal_work``. With ``generation``
+    (``iteration.measure_generation``): ``entrogym.generation_roofline_fraction`` and
+    ``generation_rows``."""
     sync = summarize(runs["entrogym"], args.dtype)
+    if generation is not None:
+        sync |= generation_roofline(sync["generated_tokens_per_s"], generation["rates"])
     report: dict[str, Any] = {
         "learner_ceiling_fraction": round(sync["learner_ceiling_fraction"], 3),
         "peak_rss_mb": round(sync["peak_rss_mb"]),
@@ -85,6 +118,8 @@ def build_report(runs: dict[str, list[dict]], args: Any, settings: dict) -> dict
         "config": dict(vars(args)) | {"settings": settings},
         "entrogym": sync,
     }
+    if generation is not None:
+        report["generation_rows"] = [roofline_row(r) for r in generation["rows"]]
     if "entrogym_async" in runs:
         asynchronous = summarize(runs["entrogym_async"], args.dtype)
         report["entrogym_async"] = asynchronous
@@ -150,9 +185,42 @@ def table(report: dict) -> str:
                          f"{ {k: round(v) for k, v in r['ceiling_gflops'].items()} })")  # fmt: skip
     if any(x["flagged"] for _, r in rows for x in r["repetitions"]):
         lines.append(f"! = more than {OUTLIER:g}x the median of its siblings (a loaded machine?)")
+    lines += roofline_lines(report)
     ratios = [k for k in report if k.startswith(("speedup", "async_vs", "rss_vs"))]
     if ratios:
         lines.append("\n" + ", ".join(f"{k} {report[k]}" for k in ratios))
     if "equal_work" in report:
         lines.append(f"equal work: {report['equal_work']}")
     return "\n".join(lines)
+
+
+def roofline_lines(report: dict) -> list[str]:
+    """The roofline line of the synchronous run's generation, then a table of the rows."""
+    if "generation_roofline" not in report["entrogym"]:
+        return []
+    sync, bound = report["entrogym"], report["entrogym"]["generation_roofline"]
+    lines = [f"\nroofline: entrogym sync generation ({bound['engine_dtype']} sampler) "
+             f"{sync['generated_tokens_per_s']:.0f} tok/s = "
+             f"{sync['generation_roofline_fraction']:.3f} of {_bound_text(bound)}"]  # fmt: skip
+    rows = report.get("generation_rows", [])
+    if rows:
+        lines += ["\n| engine | sampler dtype | tok/s (median) | repetitions: tok/s (load) | "
+                  "start-up s | roofline fraction | bound |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        if "skipped" in r:
+            lines.append(f"| {r['engine']} | {r['dtype']} | skipped: {r['skipped']} | | | | |")
+            continue
+        reps = ", ".join(
+            f"{x['tokens_per_s']:.0f} ({x['load_1min']:.1f})" for x in r["repetitions"]
+        )
+        lines.append(f"| {r['engine']} | {r['dtype']} | {r['tokens_per_s']:.0f} | {reps} | "
+                     f"{r['startup_s']:.1f} | {r['generation_roofline_fraction']:.3f} | "
+                     f"{_bound_text(r['roofline'])} |")  # fmt: skip
+    return lines
+
+
+def _bound_text(bound: dict) -> str:
+    return (f"min(flop {bound['flop_bound_tokens_per_s']:.0f}, byte "
+            f"{bound['byte_bound_tokens_per_s']:.0f}) tok/s ({bound['matmul_gflops']:.0f} GFLOP/s, "
+            f"{bound['read_gb_s']:.0f} GB/s, {bound['batch']} rows, context "
+            f"{bound['context']:.0f})")  # fmt: skip

