@@ -49,11 +49,11 @@ def test_the_engine_shares_the_learners_base_weights_and_samples_the_same(tmp_pa
 
 
 def test_an_engine_in_another_dtype_loads_its_own_copy(tmp_path):
-    cfg = TrainConfig(out=str(tmp_path / "run"), **(RUN | dict(engine_dtype="bf16")))
+    cfg = TrainConfig(out=str(tmp_path / "run"), **(RUN | dict(engine_dtype="fp16")))
     trainer = Trainer(cfg)
     try:
         assert not trainer.sampler.engine.shares_weights
-        assert next(trainer.sampler.engine._model.parameters()).dtype == torch.bfloat16
+        assert next(trainer.sampler.engine._model.parameters()).dtype == torch.float16
         trainer.fit()
     finally:
         trainer.close()
