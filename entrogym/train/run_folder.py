@@ -93,7 +93,7 @@ RESUMABLE_FIELDS = frozenset(
 )
 # Compared through the resolved preset (both config forms), not as raw values; ``resume`` is
 # how a run was started, not a setting of the run.
-_NOT_COMPARED = frozenset({"algo", "algo_overrides", "resume"})
+_NOT_COMPARED = frozenset({"algo", "resume"})
 _ADAPTER_RE = re.compile(r"^v(\d{6,})$")
 
 
@@ -212,17 +212,15 @@ def _write_marker(run_dir: Path) -> None:
 
 def resolved_algorithm(config: dict[str, Any]) -> dict[str, Any]:
     """The algorithm a config means, every part with every knob (``algorithm_mapping``), so that
-    a preset name and the same preset spelled out compare equal. Run folders of older entrogym
-    versions (flat preset knobs, ``algo_overrides``) are read too."""
+    a preset name and the same preset spelled out compare equal."""
     from entrogym.algos import algorithm_mapping
-    from entrogym.train.algo_spec import legacy_spec, resolve_algorithm
+    from entrogym.train.algo_spec import resolve_algorithm
 
     algo = config.get("algo")
     name = algo.get("name") if isinstance(algo, dict) else algo
     if not isinstance(name, str):
         raise RunFolderError(f"config has no algorithm name (algo: {algo!r})")
-    spec = legacy_spec(algo, config.get("algo_overrides") or {})
-    return algorithm_mapping(resolve_algorithm(spec))
+    return algorithm_mapping(resolve_algorithm(algo))
 
 
 def config_differences(saved: dict[str, Any], new: dict[str, Any]) -> dict[str, list[Any]]:

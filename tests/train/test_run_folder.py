@@ -85,12 +85,12 @@ def test_runs_are_recognised_by_marker_or_old_layout(tmp_path):
 
 
 def test_algorithms_compare_by_what_they_resolve_to():
-    # a run folder written by an older entrogym (flat knobs, algo_overrides) reads as today's
-    older = {"algo": "repo-r", "algo_overrides": {"zeta_max": 0.5, "repo_centering": "exact"}}
-    also_older = {"algo": {"name": "repo-r", "zeta_max": 0.5, "repo_centering": "exact"}}
+    # the knobs given and the whole mapping they resolve to read as the same algorithm
     new = {"algo": {"name": "repo-r", "controller": {"max": 0.5}, "lever": {"centering": "exact"}}}
-    assert resolved_algorithm(older) == resolved_algorithm(also_older) == resolved_algorithm(new)
-    assert config_differences(older, new) == {}
+    whole = {"algo": resolved_algorithm(new)}
+    assert whole["algo"]["controller"]["max"] == 0.5
+    assert resolved_algorithm(whole) == resolved_algorithm(new)
+    assert config_differences(whole, new) == {}
     assert config_differences({"algo": "grpo"}, {"algo": {"name": "grpo"}}) == {}
     other = config_differences(new, {"algo": {"name": "repo-r", "controller": {"max": 0.25}}})
     assert other["algo"][0] == {
