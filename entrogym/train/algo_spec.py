@@ -177,6 +177,12 @@ def resolve_algorithm(spec: str | Mapping[str, Any] | AlgorithmConfig) -> Algori
     return build_algorithm(spec, coerce=convert_text)
 
 
+def algorithm_from_options(given: Mapping[str, Any] | str, tokens: list[str]) -> AlgorithmConfig:
+    """The algorithm a command was given: a YAML file's ``algo:`` (a preset's name or a mapping)
+    with the ``--algo...`` options ``tokens`` over it."""
+    return resolve_algorithm(merge_specs(given, algo_args_mapping(tokens)) if tokens else given)
+
+
 def typed_spec(spec: Mapping[str, Any] | str) -> dict[str, Any]:
     """``spec`` with its text values typed (as resolving reads them): what a run's config.yaml
     records, e.g. ``{"name": "repo-d", "controller": {"name": "pi", "kp": 0.3}}``."""
