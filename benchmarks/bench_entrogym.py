@@ -41,8 +41,10 @@ def train_config(
     """The demo's GRPO TrainConfig with the workload's shapes and the benchmark's options."""
     from demo_workload import demo_config
 
+    from entrogym.algos import get_algorithm
+
     s = work.settings
-    cfg = demo_config("grpo", out, work.iterations, s["lr"], eval_tasks=0)
+    cfg = demo_config(get_algorithm("grpo"), out, work.iterations, s["lr"], eval_tasks=0)
     # replace() re-runs TrainConfig's validation on the new values
     return dataclasses.replace(
         cfg,
@@ -55,7 +57,9 @@ def train_config(
         samples=s["samples"],
         early_stop_min_per_task=s["samples"],
         micro_batch_size=s["micro_batch_size"],
-        algo={"name": "grpo", "epochs": 1, "minibatch_size": s["minibatch_size"]},
+        algo=dataclasses.replace(
+            get_algorithm("grpo"), epochs=1, minibatch_size=s["minibatch_size"]
+        ),
         eval_env=None,
         eval_every=0,
         checkpoint_every=10**9,

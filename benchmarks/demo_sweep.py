@@ -28,7 +28,8 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from entrogym.demo import FIRST_TRACKED, demo_config, parse_run, train_one
+from entrogym.commands.demo_runs import parse_run, spec_label
+from entrogym.demo import FIRST_TRACKED, demo_config, train_one
 
 COEFFICIENTS = ("zeta", "beta", "eps_high", "kl_coef", "clip_cov_ratio")
 
@@ -39,7 +40,7 @@ def parse_cell(text: str) -> dict[str, Any]:
     """``"PRESET [--algo... options] [--lr X --iters N --seed S ...]"`` -> settings."""
     import shlex
 
-    from entrogym.train.algo_spec import parse_label, split_algo_args, typed_spec
+    from entrogym.train.algo_spec import split_algo_args
 
     words = shlex.split(text)
     algo_words, rest = split_algo_args(words[1:])
@@ -54,7 +55,7 @@ def parse_cell(text: str) -> dict[str, Any]:
             )
         value = rest.pop(0)
         cell[key] = value if key == "engine" else float(value)
-    cell["algo"] = typed_spec(parse_label(shlex.join([words[0], *algo_words])))
+    cell["algo"] = spec_label(shlex.join([words[0], *algo_words]))  # the run, as its label
     cell["iters"], cell["seed"] = int(cell["iters"]), int(cell["seed"])
     cell["eval_tasks"] = int(cell["eval_tasks"])
     cell["threads"] = None if cell["threads"] is None else int(cell["threads"])
@@ -66,9 +67,7 @@ def _shown(value: float | str) -> str:
 
 
 def cell_name(cell: dict[str, Any]) -> str:
-    from entrogym.train.algo_spec import label
-
-    folder = parse_run(label(cell["algo"]))[1]
+    folder = parse_run(cell["algo"]).folder
     return f"{folder}_lr{cell['lr']:g}_it{cell['iters']}_s{cell['seed']}_{cell['engine']}"
 
 
@@ -79,7 +78,7 @@ def run_cell(cell: dict[str, Any], out: Path) -> dict[str, Any]:
     from entrogym.train.tracking import filled_targets, max_excursion, tracking_error
 
     name = cell_name(cell)
-    cfg = demo_config(cell["algo"], out / "runs", cell["iters"], cell["lr"], cell["eval_tasks"],
+    cfg = demo_config(parse_run(cell["algo"]).algo, out / "runs", cell["iters"], cell["lr"], cell["eval_tasks"],
                       seed=cell["seed"], engine=cell["engine"], name=name,
                       threads=cell["threads"])  # fmt: skip
     run = train_one(cfg)
@@ -87,7 +86,7 @@ def run_cell(cell: dict[str, Any], out: Path) -> dict[str, Any]:
     rows_t = [r for r in rows if r.get("kind", "train") == "train"]
     entropy = [r["entropy"] for r in rows_t]
     target = filled_targets([r["entropy_target"] for r in rows_t], entropy)
-    lever = cfg.algorithm().lever.name
+    lever = cfg.algo.lever.name
     coefficient = next((k for k in COEFFICIENTS if rows_t[0].get(k) is not None and
                         (k != "eps_high" or lever == "clip-high")), None)  # fmt: skip
     per_iteration = ("clip_frac_high", "zero_adv_groups", "response_tokens_mean", "iteration_s")
@@ -114,9 +113,7 @@ def _run_in_worker(cell: dict[str, Any], out: str) -> dict[str, Any]:
 
 
 def label_of(cell: dict[str, Any]) -> str:
-    from entrogym.train.algo_spec import label
-
-    return label(cell["algo"]).replace("--algo.", "")
+    return cell["algo"].replace("--algo.", "")
 
 
 def table(log: Path) -> str:

@@ -77,12 +77,15 @@ def batch_estimates(trainer: Any, batch: Any) -> dict[str, float]:
 def measure(batches: int, threads: int | None, seed: int) -> dict[str, Any]:
     from demo_workload import DEFAULT_LR, demo_config
 
+    from entrogym.commands.demo_runs import parse_run
     from entrogym.train.trainer import Trainer
 
     load_before = os.getloadavg()
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="entrogym-estimators-") as tmp:
-        cfg = demo_config("grpo", Path(tmp), batches, DEFAULT_LR, 0, seed=seed, threads=threads)
+        cfg = demo_config(
+            parse_run("grpo").algo, Path(tmp), batches, DEFAULT_LR, 0, seed=seed, threads=threads
+        )
         trainer = Trainer(cfg)
         try:
             trainer.publish_adapter(0)  # the adapter at init: the base policy, held fixed

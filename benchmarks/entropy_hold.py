@@ -63,6 +63,7 @@ from typing import Any
 
 from iteration import BENCH_PYTHON, HERE, bench_env_problem, build_workload, run_worker
 
+from entrogym.commands.demo_runs import parse_run
 from entrogym.demo import (
     AGENT,
     DEFAULT_LR,
@@ -73,7 +74,6 @@ from entrogym.demo import (
     TASKS,
     goal,
     held_out_accuracy,
-    parsed_run,
     plan_jobs,
     report,
     run_job,
@@ -207,7 +207,7 @@ def check_args(args: argparse.Namespace) -> str | None:
     """What is wrong with ``args`` (one line), or None; nothing loads a model."""
     for spec in args.runs:
         try:
-            parsed_run(spec)
+            parse_run(spec)
         except ValueError as err:
             return f"--runs {spec!r}: {err}"
     try:
@@ -253,7 +253,8 @@ def plan(args: argparse.Namespace, out: Path, workers: int, threads: int) -> lis
             jobs.append(TrlJob(label, seed, threads, delta, str(path),
                                str(path.parent / f"delta{delta:g}"), args.eval_tasks,
                                model=args.model, timeout=args.timeout))  # fmt: skip
-    return jobs + plan_jobs(out, args.runs, args.seeds, args.iterations, args.lr,
+    runs = [parse_run(spec) for spec in args.runs]
+    return jobs + plan_jobs(out, runs, args.seeds, args.iterations, args.lr,
                             args.eval_tasks, workers=workers, threads=threads,
                             model=args.model, base=False)  # fmt: skip
 

@@ -133,6 +133,7 @@ def bf16_clipping_claim(args: argparse.Namespace, model: str, agent: Any) -> dic
     """Claim 1 over ``args.seeds`` batches: per-seed rows and pooled rows per step."""
     from entrogym.agents.engines import make_engine
     from entrogym.algos.presets import get_algorithm
+    from entrogym.commands.demo_runs import parse_run
     from entrogym.train.policy import LoraSettings, load_policy
 
     algo = get_algorithm(args.algo)
@@ -140,7 +141,7 @@ def bf16_clipping_claim(args: argparse.Namespace, model: str, agent: Any) -> dic
     with make_engine("hf", model, dtype="fp32", max_model_len=AGENT.max_context_tokens) as engine:
         for seed in range(args.seeds):
             t0 = time.perf_counter()
-            cfg = demo_config(args.algo, Path(os.devnull), 1, args.lr, 1, seed=seed)
+            cfg = demo_config(parse_run(args.algo).algo, Path(os.devnull), 1, args.lr, 1, seed=seed)
             batch = sample_batch(engine, agent, tasks=args.tasks, k=args.k, seed=seed)
             policy = load_policy(
                 model, lora=LoraSettings(r=cfg.lora_rank, alpha=cfg.lora_alpha), seed=seed

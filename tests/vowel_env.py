@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gymnasium as gym
 
+from entrogym.algos import get_algorithm
 from entrogym.envs.base import TextEnv, Turn
 
 
@@ -35,7 +36,7 @@ if "test/Const-v0" not in gym.registry:
 # a test overrides what it is about: ``TrainConfig(out=..., **{**TINY_RUN, "samples": 3})``.
 TINY_RUN = dict(
     env="test/Vowel-v0",
-    algo="repo-r",
+    algo=get_algorithm("repo-r"),
     model="tiny-random-llama",
     engine="hf",
     engine_dtype="fp32",

@@ -9,8 +9,7 @@ YAML files and run folders hold.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from entrogym.algos.advantages import ADVANTAGES
@@ -148,17 +147,3 @@ def algorithm_mapping(config: AlgorithmConfig) -> dict[str, Any]:
         out[kind] = None if part is None else part_mapping(part)
     out.update({k: getattr(config, k) for k in UPDATE_KNOBS})
     return out
-
-
-def replace_part(part: Part, registry: Registry, changes: dict[str, Any]) -> Part:
-    """``part`` with some knobs changed (typed values; an unknown knob raises)."""
-    params = registry.params(part.name, {**part.knobs(), **changes})
-    return Part(part.name, params)
-
-
-def field_names(params_class: type) -> list[str]:
-    return [f.name for f in fields(params_class)]
-
-
-def with_update_knobs(config: AlgorithmConfig, **changes: Any) -> AlgorithmConfig:
-    return dataclasses.replace(config, **changes)

@@ -170,10 +170,14 @@ class EntropyControl:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Load ``state_dict()`` (or the format of entrogym's entropy controls before levers and
-        controllers: ``{"control"?, "target", "history", "zeta", "eps_high"}``)."""
+        """Load ``state_dict()``; a state of another lever or controller is refused."""
         mine = self.state_dict()
-        state = _upgrade(state, mine["lever"])
+        missing = [key for key in mine if key not in state]
+        if missing:
+            raise ValueError(
+                f"control state: the checkpoint lacks {', '.join(missing)}; resume from a "
+                "checkpoint this entrogym wrote"
+            )
         for key in ("lever", "controller"):
             if state[key] != mine[key]:
                 raise ValueError(
@@ -183,36 +187,3 @@ class EntropyControl:
         self.target, self.history = state["target"], list(state["history"])
         if self.controller is not None and state["controller_state"] is not None:
             self.controller.load_state_dict(state["controller_state"])
-
-
-# The entropy controls before levers and controllers: control name -> (lever, controller, key
-# of its state, key of the coefficient inside that state).
-_LEGACY = {
-    "none": ("none", None, None, None),
-    "repo-r": ("repo-r", "paper", "zeta", "zeta"),
-    "repo-d": ("repo-d", "paper", "zeta", "zeta"),
-    "entropy-bonus": ("entropy-bonus", "paper", "zeta", "zeta"),
-    "adapo": ("clip-high", "multiplicative", "eps_high", "eps_high"),
-}
-
-
-def _upgrade(state: dict[str, Any], lever_in_use: str) -> dict[str, Any]:
-    if "lever" in state:
-        return state
-    control = state.get("control")
-    if control is None:  # the oldest format names no control: infer it from what it holds
-        control = "adapo" if state.get("eps_high") else "repo-r" if state.get("zeta") else "none"
-    if control not in _LEGACY:
-        raise ValueError(f"control state: unknown entropy control {control!r} in the checkpoint")
-    lever, controller, key, value_key = _LEGACY[control]
-    saved = state.get(key) if key else None
-    zeta_levers = ("repo-r", "repo-d", "entropy-bonus")
-    if state.get("control") is None and control == "repo-r" and lever_in_use in zeta_levers:
-        lever = lever_in_use  # zeta alone does not tell REPO-R, REPO-D and the bonus apart
-    return {
-        "lever": lever,
-        "controller": controller,
-        "target": state["target"],
-        "history": state["history"],
-        "controller_state": None if saved is None else {"value": saved[value_key]},
-    }

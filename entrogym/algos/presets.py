@@ -121,16 +121,12 @@ ALGORITHMS: dict[str, AlgorithmConfig] = {
 TOP_KEYS = ("name", *UPDATE_KNOBS)
 
 
-def preset(name: str) -> AlgorithmConfig:
-    """The preset called ``name`` (ValueError listing the presets)."""
+def get_algorithm(name: str) -> AlgorithmConfig:
+    """The preset called ``name``, as the paper (or verl, TRL) sets it (ValueError listing the
+    presets)."""
     if name not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {name!r}; presets: {', '.join(ALGORITHMS)}")
     return ALGORITHMS[name]
-
-
-def get_algorithm(name: str) -> AlgorithmConfig:
-    """The preset called ``name``, as the paper (or verl, TRL) sets it."""
-    return preset(name)
 
 
 def presets_with_lever() -> list[str]:
@@ -192,7 +188,7 @@ def build_algorithm(
         raise ValueError(
             f"algo.name must be a preset's name, got {name!r}; presets: {', '.join(ALGORITHMS)}"
         )
-    base = preset(name)
+    base = get_algorithm(name)
     unknown = [k for k in values if k not in UPDATE_KNOBS and k not in PART_REGISTRIES]
     if unknown:
         raise ValueError(

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from entrogym.commands.demo_runs import run_option
 from entrogym.commands.options import make_parser, parse_options, run_command
 from entrogym.demo.config import (
     DEFAULT_ITERATIONS,
@@ -15,6 +17,7 @@ from entrogym.demo.config import (
     DEFAULT_SEEDS,
     PASS_SAMPLES,
     PASS_TASKS,
+    DemoRun,
 )
 
 PROG = "entrogym demo"
@@ -59,22 +62,17 @@ class DemoOptions:
     def __post_init__(self) -> None:
         from entrogym.agents.engines import ENGINE_KINDS
         from entrogym.algos.presets import ALGORITHMS
-        from entrogym.demo.config import parsed_run
 
         # words or comma-separated: --algos grpo,"repo-d --algo.controller pi"
         self.algos = [a.strip() for word in self.algos for a in word.split(",") if a.strip()]
         if not self.algos:
             raise ValueError(f"algos: empty list; choose from {', '.join(ALGORITHMS)}")
         labels: dict[str, str] = {}
-        for spec in self.algos:
-            try:
-                label = parsed_run(spec)[0]
-            except ValueError as err:
-                raise ValueError(f"algos: {spec!r}: {err}") from None
-            if label in labels:
-                raise ValueError(f"algos: {labels[label]!r} and {spec!r} are both labelled "
-                                 f"{label!r}; give one of them another NAME=")  # fmt: skip
-            labels[label] = spec
+        for run in self.runs:
+            if run.label in labels:
+                raise ValueError(f"algos: {labels[run.label]!r} and {run.text!r} are both "
+                                 f"labelled {run.label!r}; give one of them another NAME=")  # fmt: skip
+            labels[run.label] = run.text
         if self.iterations < 1:
             raise ValueError(f"iterations must be >= 1, got {self.iterations}")
         if self.eval_tasks < 0:
@@ -93,6 +91,11 @@ class DemoOptions:
         if self.engine is not None and self.engine not in ENGINE_KINDS:
             raise ValueError(f"engine: {self.engine!r}; choose from {', '.join(ENGINE_KINDS)}")
 
+    @cached_property
+    def runs(self) -> list[DemoRun]:
+        """The runs ``algos`` names, read once (ValueError naming the one that does not parse)."""
+        return [run_option("algos", text) for text in self.algos]
+
 
 def build_parser() -> Any:
     from entrogym import demo
@@ -105,7 +108,7 @@ def cli(argv: list[str]) -> int:
         from entrogym.demo.run import run_demo
 
         opts = parse_options(build_parser(), argv, DemoOptions)
-        run_demo(Path(opts.out), opts.algos, opts.iterations, opts.lr, opts.eval_tasks,
+        run_demo(Path(opts.out), opts.runs, opts.iterations, opts.lr, opts.eval_tasks,
                  seeds=opts.seeds, engine=opts.engine, workers=opts.workers,
                  pass_tasks=opts.pass_tasks, pass_samples=opts.pass_samples)  # fmt: skip
         return 0

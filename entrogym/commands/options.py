@@ -27,7 +27,14 @@ from typing import Any
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, get_loader, set_loader
 
-from entrogym.train.algo_spec import algo_args_mapping, algo_help, merge_specs, split_algo_args
+from entrogym.algos import AlgorithmConfig
+from entrogym.train.algo_spec import (
+    algo_args_mapping,
+    algo_help,
+    algorithm_from_options,
+    merge_specs,
+    split_algo_args,
+)
 from entrogym.yaml_limits import check_yaml
 
 BOOL_WORDS = frozenset({"true", "false", "yes", "no", "True", "False", "1", "0"})
@@ -85,12 +92,16 @@ def make_parser(
     if config_cls is not None:
         positionals = tuple(positionals)
         _add_positionals(parser, config_cls, positionals)
+        typed_algo = {"algo"} if _algo_is_typed(config_cls) else set()
         parser.add_class_arguments(
             config_cls,
             nested_key=None,
             fail_untyped=True,
-            skip=set(skip) | set(positionals) or None,
+            skip=set(skip) | set(positionals) | typed_algo or None,
         )
+        if typed_algo:  # a YAML file's algo: mapping, kept as data until config_from reads it
+            default = next(f for f in fields(config_cls) if f.name == "algo").default_factory()
+            parser.add_argument("--algo", type=dict[str, Any] | str, default={"name": default.name})
     for action in parser._actions:
         hint = _typehint(action)
         if hint is not None and _is_list(hint) and action.option_strings:
@@ -132,6 +143,12 @@ def _regroup(parser: ArgumentParser, config_cls: type, groups: Mapping[str, Iter
 
 def _has_algo(config_cls: type) -> bool:
     return any(f.name == "algo" for f in fields(config_cls))
+
+
+def _algo_is_typed(config_cls: type) -> bool:
+    """The options' ``algo`` is a whole algorithm (``TrainConfig``), not options applied to
+    several (the bandit lab's)."""
+    return _has_algo(config_cls) and typing.get_type_hints(config_cls)["algo"] is AlgorithmConfig
 
 
 def _add_positionals(parser: ArgumentParser, config_cls: type, names: tuple[str, ...]) -> None:
@@ -215,9 +232,12 @@ def normalise_argv(parser: ArgumentParser, argv: list[str]) -> list[str]:
 
 def config_from(namespace: Any, config_cls: type, algo_tokens: list[str] = ()) -> Any:
     """An instance of the dataclass ``config_cls`` from a parsed namespace; ``algo_tokens``
-    (``--algo...`` options) are merged over the namespace's ``algo`` (from a YAML file)."""
+    (``--algo...`` options) are merged over the namespace's ``algo`` (from a YAML file). A
+    whole algorithm (``AlgorithmConfig``) is read here, over its field's default preset."""
     values = namespace.as_dict() if hasattr(namespace, "as_dict") else dict(namespace)
-    if algo_tokens:
+    if _algo_is_typed(config_cls):
+        values["algo"] = algorithm_from_options(values["algo"], algo_tokens)
+    elif algo_tokens:
         values["algo"] = merge_specs(values.get("algo"), algo_args_mapping(list(algo_tokens)))
     return config_cls(**{f.name: values[f.name] for f in fields(config_cls) if f.name in values})
 

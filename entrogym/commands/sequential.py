@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from entrogym.commands.demo_runs import run_option
 from entrogym.commands.options import make_parser, parse_options, run_command
+from entrogym.demo.config import DemoRun
 
 PROG = "entrogym sequential"
 
@@ -68,17 +71,13 @@ class SequentialOptions:
     stage1_from: str | None = None
 
     def __post_init__(self) -> None:
-        from entrogym.demo.sequential import PAIRS, parsed_run
+        from entrogym.demo.sequential import PAIRS
 
         if self.pair not in PAIRS:
             raise ValueError(f"pair: unknown pair {self.pair!r}; choose from {', '.join(PAIRS)}")
         if not self.runs:
             raise ValueError("runs: give one or more runs; the last is the held run")
-        for spec in [*self.runs, self.stage2_algo]:
-            try:
-                parsed_run(spec)
-            except ValueError as err:
-                raise ValueError(f"runs: {spec!r}: {err}") from None
+        _ = self.stage1_runs, self.stage2_run  # a run that does not parse is named first
         for name in ("stage1_iterations", "stage2_iterations", "eval_tasks", "eval_samples",
                      "pass_tasks", "pass_samples"):  # fmt: skip
             if getattr(self, name) < 1:
@@ -92,6 +91,15 @@ class SequentialOptions:
         cores = os.cpu_count() or 1
         if self.workers is not None and not 1 <= self.workers <= 2 * cores:
             raise ValueError(f"workers must be from 1 to {2 * cores}, got {self.workers}")
+
+    @cached_property
+    def stage1_runs(self) -> list[DemoRun]:
+        """``runs`` read once (ValueError naming the one that does not parse)."""
+        return [run_option("runs", text) for text in self.runs]
+
+    @cached_property
+    def stage2_run(self) -> DemoRun:
+        return run_option("runs", self.stage2_algo)
 
 
 def _default_runs() -> tuple[str, ...]:
@@ -140,9 +148,9 @@ def cli(argv: list[str]) -> int:
         name = opts.pair if (a, b) == (pair.a, pair.b) else "custom"
         why = pair.why if name == opts.pair else "given on the command line"
         cores = os.cpu_count() or 1
-        plan = Plan(Path(opts.out), name, TaskPair(a, b, why), runs=opts.runs, seeds=opts.seeds,
+        plan = Plan(Path(opts.out), name, TaskPair(a, b, why), runs=opts.stage1_runs, seeds=opts.seeds,
                     stage1_iterations=opts.stage1_iterations,
-                    stage2_iterations=opts.stage2_iterations, stage2_algo=opts.stage2_algo,
+                    stage2_iterations=opts.stage2_iterations, stage2_algo=opts.stage2_run,
                     lr=opts.lr, eval_tasks=opts.eval_tasks,
                     eval_samples=opts.eval_samples, pass_tasks=opts.pass_tasks,
                     pass_samples=opts.pass_samples, workers=opts.workers or 2 * cores,

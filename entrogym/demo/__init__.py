@@ -27,6 +27,7 @@ from entrogym.demo.config import (
     DEFAULT_LR,
     DEFAULT_RUNS,
     DEFAULT_SEEDS,
+    DEMO_UPDATE,
     ENV,
     ENV_KWARGS,
     FALL,
@@ -34,10 +35,8 @@ from entrogym.demo.config import (
     SAMPLES,
     SYSTEM_PROMPT,
     TASKS,
+    DemoRun,
     demo_config,
-    parse_run,
-    parsed_run,
-    split_run,
 )
 from entrogym.demo.report import goal, plot_demo, report, tracking, verdict
 from entrogym.demo.run import (
@@ -52,8 +51,8 @@ from entrogym.demo.run import (
 
 __all__ = [
     "ACCURACY_SLACK", "AGENT", "BAND", "DEFAULT_ITERATIONS", "DEFAULT_LR", "DEFAULT_RUNS",
-    "DEFAULT_SEEDS", "ENV", "ENV_KWARGS", "FALL", "FIRST_TRACKED", "SAMPLES", "SYSTEM_PROMPT",
-    "TASKS", "demo_config", "evaluate_base", "goal", "held_out_accuracy", "parse_run",
-    "parsed_run", "plan_jobs", "plot_demo", "report", "run_demo", "run_job", "run_jobs",
-    "split_run", "tracking", "train_one", "verdict",
+    "DEFAULT_SEEDS", "DEMO_UPDATE", "DemoRun", "ENV", "ENV_KWARGS", "FALL", "FIRST_TRACKED",
+    "SAMPLES", "SYSTEM_PROMPT", "TASKS", "demo_config", "evaluate_base", "goal",
+    "held_out_accuracy", "plan_jobs", "plot_demo", "report", "run_demo", "run_job", "run_jobs",
+    "tracking", "train_one", "verdict",
 ]  # fmt: skip

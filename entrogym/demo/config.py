@@ -8,10 +8,11 @@ reward.
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from entrogym.agents.config import AgentConfig
+from entrogym.algos import AlgorithmConfig
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -27,7 +28,7 @@ SYSTEM_PROMPT = "You are a careful calculator. Answer with the final number in \
 BAND, FALL, ACCURACY_SLACK, FIRST_TRACKED = 0.25, 0.5, 0.05, 2
 # The runs, iterations, learning rate and seeds of ``make demo``; the runs that chose them are in
 # docs/results.md#smollm2-demo-the-demo-runs-and-the-sweeps-behind-its-settings. A run is
-# ``NAME=SPEC`` or a plain spec (labelled by ``parse_run``).
+# ``NAME=SPEC`` or a plain spec, read into a DemoRun by ``entrogym.commands.demo_runs``.
 DEFAULT_RUNS = (
     "grpo",
     # the paper's preset (zeta from 1e-3, doubling, capped at 0.05), tracking the sampled
@@ -52,6 +53,10 @@ DEFAULT_SEEDS = (0,)  # three runs of one seed fit 15 minutes on 2 cores
 # Tasks x samples per iteration, half of them per minibatch (two optimizer steps); four tasks
 # keep three runs of 15 iterations within 15 minutes on 2 cores.
 TASKS, SAMPLES = 4, 4
+# The update of every demo run unless its spec sets these: one pass, two optimizer steps per
+# iteration, so the second minibatch is off-policy and the presets' clipping and REPO's
+# shaping both act.
+DEMO_UPDATE = {"epochs": 1, "minibatch_size": TASKS * SAMPLES // 2}
 # The rollout settings every part of the demo shares (the base model's eval and all runs).
 AGENT = AgentConfig(
     model="smollm2-135m-instruct",
@@ -64,8 +69,29 @@ AGENT = AgentConfig(
 )
 
 
+@dataclass(frozen=True)
+class DemoRun:
+    """One run of the demo or the sequential experiment, as the commands read it from its text.
+
+    Attributes:
+        text: the run as given (``"held=grpo --algo.lever entropy-constraint ..."``).
+        label: what the table, the log and the plots show (``NAME``, or the spec's own label).
+        folder: the run folder's name.
+        spec: the text without its ``NAME=`` (``grpo`` marks the goal's baseline).
+        spec_folder: the folder the spec alone names (a run folder written before a ``NAME=``).
+        algo: the algorithm, ``DEMO_UPDATE`` under the spec's own options.
+    """
+
+    text: str
+    label: str
+    folder: str
+    spec: str
+    spec_folder: str
+    algo: AlgorithmConfig
+
+
 def demo_config(
-    algo: str | dict[str, Any],
+    algo: AlgorithmConfig,
     out: Path,
     iterations: int,
     lr: float,
@@ -81,8 +107,8 @@ def demo_config(
     init_adapter: str | None = None,
     eval_samples: int = 1,
 ) -> TrainConfig:
-    """The demo's TrainConfig for one preset: ``algo`` is a preset name or ``{"name": preset,
-    knob: value, ...}`` (a labelled variant); the run folder is ``out / (name or preset)``.
+    """The demo's TrainConfig for one algorithm (a ``DemoRun``'s ``algo``); the run folder is
+    ``out / (name or algo.name)``.
     ``eval_tasks=0`` turns the held-out evaluation off; ``engine`` and ``model`` replace
     AGENT's (tests use a tiny model). ``env`` and ``env_kwargs`` (default: the demo's task)
     name the task trained and evaluated on, and ``init_adapter`` the adapter it starts from
@@ -90,7 +116,6 @@ def demo_config(
     that many times (the accuracy is their mean, pass@1)."""
     from entrogym.train.config import TrainConfig
 
-    spec = {"name": algo} if isinstance(algo, str) else dict(algo)
     env_kwargs = ENV_KWARGS if env_kwargs is None else env_kwargs
     agent = (
         asdict(AGENT) | ({"engine": engine} if engine else {}) | ({"model": model} if model else {})
@@ -106,9 +131,7 @@ def demo_config(
         env_kwargs=env_kwargs,
         split="train",
         init_adapter=init_adapter,
-        # one pass, two optimizer steps per iteration: the second minibatch is off-policy,
-        # so the presets' clipping and REPO's shaping both act
-        algo={"epochs": 1, "minibatch_size": TASKS * SAMPLES // 2, **spec},
+        algo=algo,
         dtype="fp32",
         iterations=iterations,
         tasks_per_iter=TASKS,
@@ -121,37 +144,5 @@ def demo_config(
         **evaluation,
         seed=seed,
         threads=threads,
-        out=str(out / (name or spec["name"])),
+        out=str(out / (name or algo.name)),
     )
-
-
-def parse_run(spec: str) -> tuple[str, str, dict[str, Any]]:
-    """A run: a preset, or a labelled variant in the one spelling of algorithms
-    (``repo-d --algo.controller pi --algo.controller.kp 0.3``) -> (label, folder name, algo
-    mapping). The presets keep the paper's values. Unknown presets, parts and knobs, and values
-    a knob does not take, raise ValueError naming them."""
-    from entrogym.train.algo_spec import label, parse_label, typed_spec
-
-    spec_map = typed_spec(parse_label(spec))  # ValueError naming what is wrong
-    name = label(spec_map)
-    folder = "".join(c if c.isalnum() or c in "-_." else "_" for c in name.replace("--algo.", ""))
-    return name, "_".join(part for part in folder.split("_") if part), spec_map
-
-
-def split_run(spec: str) -> tuple[str, str]:
-    """``"held=grpo --algo.lever ..."`` -> ``("held", "grpo --algo.lever ...")``: a ``NAME=``
-    prefix (an identifier-like word, hyphens allowed, no spaces) labels the run; a spec without
-    one is labelled as ``parse_run`` labels it (ValueError where it does not parse)."""
-    head, sep, rest = spec.partition("=")
-    name = head.strip()
-    if sep and " " not in name and name.replace("-", "_").isidentifier():
-        return name, rest.strip()
-    return parse_run(spec)[0], spec
-
-
-def parsed_run(spec: str) -> tuple[str, str, dict[str, Any]]:
-    """(label, folder name, algo mapping) of ``NAME=SPEC`` or a plain spec; a named run's folder
-    is its name."""
-    label, body = split_run(spec)
-    own_label, folder, algo = parse_run(body)
-    return label, (folder if label == own_label else label), algo

@@ -25,9 +25,8 @@ from entrogym.demo.config import (
     ENV_KWARGS,
     PASS_SAMPLES,
     PASS_TASKS,
+    DemoRun,
     demo_config,
-    parsed_run,
-    split_run,
 )
 from entrogym.demo.log_labels import labelled_output
 from entrogym.demo.pass_at_k import PassJob, Task, final_adapter, pass_at_k_of, pass_line
@@ -61,7 +60,7 @@ def run_job(job: Job | PassJob) -> dict[str, Any]:
 
         apply_threads(job.threads)
         return {"accuracy_before": evaluate_base(job.engine, job.eval_tasks, job.seed)}
-    with labelled_output(f"{job.name or job.label} s{job.seed}", job.config.algorithm().name):
+    with labelled_output(f"{job.name or job.label} s{job.seed}", job.config.algo.name):
         result = train_one(job.config)
     return {"label": job.label, "spec": job.spec or job.label, "seed": job.seed, **result}
 
@@ -116,7 +115,7 @@ def run_record(config: Any, run_dir: Path, wall_s: float) -> dict[str, Any]:
     tracked = [r["entropy"] if r.get("entropy_tracked") is None else r["entropy_tracked"]
                for r in rows_t]  # fmt: skip
     return {
-        "algo": config.algorithm().name,
+        "algo": config.algo.name,
         "folder": str(run_dir),
         "entropy": [r["entropy"] for r in rows_t],
         "entropy_tracked": tracked,
@@ -124,7 +123,7 @@ def run_record(config: Any, run_dir: Path, wall_s: float) -> dict[str, Any]:
         "reward": [r["reward_mean"] for r in rows_t],
         "zeta": [r.get("zeta") for r in rows_t],
         "entropy_target": filled_targets([r.get("entropy_target") for r in rows_t], tracked),
-        "controlled": config.algorithm().controller is not None,
+        "controlled": config.algo.controller is not None,
         "accuracy_first": evals[0]["pass@1"] if evals else None,
         "accuracy_after": evals[-1]["pass@1"] if evals else None,
         "generated_tokens": sum(r.get("generated_tokens", 0) for r in rows_t),
@@ -132,7 +131,7 @@ def run_record(config: Any, run_dir: Path, wall_s: float) -> dict[str, Any]:
     }
 
 
-def plan_jobs(out: Path, runs: list[str], seeds: list[int], iterations: int, lr: float,
+def plan_jobs(out: Path, runs: list[DemoRun], seeds: list[int], iterations: int, lr: float,
               eval_tasks: int, *, workers: int, engine: str | None = None,
               threads: int | None = None, model: str | None = None,
               base: bool = True) -> list[Job]:  # fmt: skip
@@ -142,16 +141,13 @@ def plan_jobs(out: Path, runs: list[str], seeds: list[int], iterations: int, lr:
     threads = threads or max(1, (os.cpu_count() or 1) // workers)
     kind = engine or AGENT.engine
     jobs = []
-    names = shown_names([{"label": parsed_run(spec)[0]} for spec in runs])
+    names = shown_names([{"label": run.label} for run in runs])
     for seed in seeds:
-        for spec in runs:
-            label, folder, algo = parsed_run(spec)
-            config = demo_config(algo, out / f"seed{seed}", iterations, lr, eval_tasks,
-                                 seed=seed, engine=kind, name=folder, threads=threads,
+        for run in runs:
+            config = demo_config(run.algo, out / f"seed{seed}", iterations, lr, eval_tasks,
+                                 seed=seed, engine=kind, name=run.folder, threads=threads,
                                  model=model)  # fmt: skip
-            jobs.append(
-                Job(label, seed, threads, config, spec=split_run(spec)[1], name=names[label])
-            )
+            jobs.append(Job(run.label, seed, threads, config, spec=run.spec, name=names[run.label]))
     if eval_tasks and base:
         jobs.append(Job("base model", seeds[0], threads, eval_tasks=eval_tasks, engine=kind))
     return jobs
@@ -202,7 +198,7 @@ def _announce_demo(job: Job | PassJob, result: dict[str, Any]) -> None:
 
 def run_demo(
     out: Path,
-    runs: list[str],
+    runs: list[DemoRun],
     iterations: int,
     lr: float,
     eval_tasks: int,
@@ -253,7 +249,7 @@ def run_demo(
             record["pass_at_k"] = scored["pass_at_k"]
     for path in plot_demo(records, out / "plots"):
         print(path)
-    settings = {"out": str(out), "runs": runs, "iterations": iterations, "lr": lr,
+    settings = {"out": str(out), "runs": [run.text for run in runs], "iterations": iterations, "lr": lr,
                 "eval_tasks": eval_tasks, "seeds": seeds, "engine": engine or AGENT.engine,
                 "workers": workers, "threads": jobs[0].threads, "env": ENV,
                 "env_kwargs": ENV_KWARGS, "pass_tasks": pass_tasks,

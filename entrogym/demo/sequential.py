@@ -20,15 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from entrogym.atomic import atomic_write_text
-from entrogym.demo.config import (
-    AGENT,
-    DEFAULT_LR,
-    DEFAULT_RUNS,
-    demo_config,
-    parse_run,
-    parsed_run,
-    split_run,
-)
+from entrogym.demo.config import AGENT, DEFAULT_LR, DEFAULT_RUNS, DemoRun, demo_config
 from entrogym.demo.pass_at_k import PassJob, Task, final_adapter, pass_at_k_of, pass_line
 from entrogym.demo.run import run_jobs, run_record, train_one
 
@@ -64,17 +56,13 @@ PAIRS: dict[str, TaskPair] = {
 }
 DEFAULT_PAIR = "add1-add2"
 STAGE1_ITERATIONS, STAGE2_ITERATIONS = 15, 10
-# Stage 2's one algorithm: plain GRPO, so that only the starting policy differs.
+# Stage 2's one algorithm: plain GRPO, so that only the starting policy differs (a run's text,
+# read like stage 1's).
 STAGE2_ALGO = "grpo"
 # Stage 1's runs: GRPO, the paper's REPO-R preset, and the held configuration (the demo's).
 RUNS = DEFAULT_RUNS
 # pass@k on A: the first PASS_TASKS held-out tasks, PASS_SAMPLES samples each.
 PASS_TASKS, PASS_SAMPLES = 16, 64
-
-
-def run_label(spec: str) -> str:
-    """A run's short label: ``NAME`` of ``NAME=SPEC``, else the spec's own label (``grpo``)."""
-    return split_run(spec)[0]
 
 
 def stage_area(reward: list[float]) -> float:
@@ -103,7 +91,7 @@ def run_sequential_job(job: TrainJob | PassJob) -> dict[str, Any]:
     from entrogym.demo.log_labels import labelled_output
 
     name = f"{job.label} s{job.seed} stage{job.stage}"
-    with labelled_output(name, job.config.algorithm().name):
+    with labelled_output(name, job.config.algo.name):
         record = train_one(job.config)
     return {"label": job.label, "seed": job.seed, "stage": job.stage, **record}
 
@@ -141,11 +129,11 @@ class Plan:
     out: Path
     pair_name: str
     pair: TaskPair
-    runs: list[str] = field(default_factory=lambda: list(RUNS))  # the last is the held run
+    runs: list[DemoRun]  # stage 1's; the last is the held run
+    stage2_algo: DemoRun
     seeds: list[int] = field(default_factory=lambda: [0])
     stage1_iterations: int = STAGE1_ITERATIONS
     stage2_iterations: int = STAGE2_ITERATIONS
-    stage2_algo: str = STAGE2_ALGO
     lr: float = DEFAULT_LR
     eval_tasks: int = 40
     eval_samples: int = 1
@@ -163,14 +151,14 @@ class Plan:
         pair = self.pair
         jobs = []
         for seed in self.seeds:
-            for label, folder, algo in map(parsed_run, self.runs):
-                config = demo_config(algo, self.out / "stage1" / f"seed{seed}",
+            for run in self.runs:
+                config = demo_config(run.algo, self.out / "stage1" / f"seed{seed}",
                                      self.stage1_iterations, self.lr, self.eval_tasks, seed=seed,
-                                     engine=self.engine, name=folder, threads=self.threads,
+                                     engine=self.engine, name=run.folder, threads=self.threads,
                                      model=self.model, env=pair.a.env,
                                      env_kwargs=pair.a.env_kwargs,
                                      eval_samples=self.eval_samples)  # fmt: skip
-                jobs.append(TrainJob(label, seed, 1, config))
+                jobs.append(TrainJob(run.label, seed, 1, config))
         return jobs
 
     def reused_stage1(self) -> list[dict[str, Any]]:
@@ -178,14 +166,13 @@ class Plan:
         checkpoint must be the run's last iteration)."""
         assert self.stage1_from is not None
         records = []
-        specs = [spec for _ in self.seeds for spec in self.runs]
-        for job, spec in zip(self.stage1_jobs(), specs, strict=True):
+        runs = [run for _ in self.seeds for run in self.runs]
+        for job, run in zip(self.stage1_jobs(), runs, strict=True):
             config, seed = job.config, job.seed
-            unlabelled = parse_run(split_run(spec)[1])[1]  # a folder named before NAME= labels
             # a sequential run's out holds stage1/seedS/RUN, a demo's seedS/RUN
             nested = (self.stage1_from / "stage1").is_dir()
             root = self.stage1_from / ("stage1" if nested else ".") / f"seed{seed}"
-            folder = _run_folder(root, Path(config.out).name, unlabelled)
+            folder = _run_folder(root, Path(config.out).name, run.spec_folder)
             last = Path(final_adapter(folder)).parent.name
             if last != f"iter-{self.stage1_iterations - 1:06d}":
                 raise ValueError(f"stage1_from: {folder} ends at {last}, not at iteration "
@@ -201,11 +188,11 @@ class Plan:
 
     def stage2_job(self, stage1: dict[str, Any]) -> TrainJob:
         pair, seed = self.pair, stage1["seed"]
-        _, algo_folder, algo = parse_run(self.stage2_algo)
-        folder = Path(stage1["folder"])
-        config = demo_config(algo, self.out / "stage2" / f"seed{seed}", self.stage2_iterations,
-                             self.lr, self.eval_tasks, seed=seed, engine=self.engine,
-                             name=f"{folder.name}-then-{algo_folder}", threads=self.threads,
+        stage2, folder = self.stage2_algo, Path(stage1["folder"])
+        config = demo_config(stage2.algo, self.out / "stage2" / f"seed{seed}",
+                             self.stage2_iterations, self.lr, self.eval_tasks, seed=seed,
+                             engine=self.engine, name=f"{folder.name}-then-{stage2.spec_folder}",
+                             threads=self.threads,
                              model=self.model, env=pair.b.env, env_kwargs=pair.b.env_kwargs,
                              init_adapter=final_adapter(folder),
                              eval_samples=self.eval_samples)  # fmt: skip
@@ -285,11 +272,12 @@ def summarize(
             },
             "wall_s": one["wall_s"] + two["wall_s"],
         })  # fmt: skip
-    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(plan).items()
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(plan).items()
                 if k not in ("pair", "pair_name")}  # fmt: skip
+    settings |= {"runs": [run.text for run in plan.runs], "stage2_algo": plan.stage2_algo.text}
     pair = plan.pair
     return {
-        "held": run_label(plan.runs[-1]),
+        "held": plan.runs[-1].label,
         "pair": {"name": plan.pair_name, "a": asdict(pair.a), "b": asdict(pair.b), "why": pair.why},
         "settings": settings,
         "base": {"pass_at_k": passes.get(("base model", plan.seeds[0]))},

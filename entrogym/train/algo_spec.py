@@ -177,6 +177,12 @@ def resolve_algorithm(spec: str | Mapping[str, Any] | AlgorithmConfig) -> Algori
     return build_algorithm(spec, coerce=convert_text)
 
 
+def algorithm_from_options(given: Mapping[str, Any] | str, tokens: list[str]) -> AlgorithmConfig:
+    """The algorithm a command was given: a YAML file's ``algo:`` (a preset's name or a mapping)
+    with the ``--algo...`` options ``tokens`` over it."""
+    return resolve_algorithm(merge_specs(given, algo_args_mapping(tokens)) if tokens else given)
+
+
 def typed_spec(spec: Mapping[str, Any] | str) -> dict[str, Any]:
     """``spec`` with its text values typed (as resolving reads them): what a run's config.yaml
     records, e.g. ``{"name": "repo-d", "controller": {"name": "pi", "kp": 0.3}}``."""
@@ -292,40 +298,3 @@ def _knobs(params: type) -> dict[str, tuple[Any, Any, str]]:
         for p in docstring_parser.parse(cls.__doc__ or "").params
     }
     return {f.name: (hints[f.name], f.default, docs.get(f.name, "")) for f in fields(params)}
-
-
-# Older entrogym versions wrote an algorithm as a preset with flat knobs; where each went.
-_LEGACY_KNOBS = {
-    "eps_low": ("loss", "eps_low"),
-    "eps_high": ("loss", "eps_high"),
-    "ratio_level": ("loss", "ratio_level"),
-    "aggregation": ("loss", "aggregation"),
-    "zeta_init": ("controller", "init"),
-    "zeta_min": ("controller", "min"),
-    "zeta_max": ("controller", "max"),
-    "zeta_factor": ("controller", "factor"),
-    "eps_high_min": ("controller", "min"),
-    "eps_high_max": ("controller", "max"),
-    "eps_high_up": ("controller", "up"),
-    "eps_high_down": ("controller", "down"),
-    "repo_centering": ("lever", "centering"),
-}
-
-
-def legacy_spec(algo: Mapping[str, Any] | str, overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """A spec from a run folder written by an older entrogym (``algo: {name, zeta_max, ...}``
-    and ``algo_overrides``), in today's form; today's specs pass through unchanged."""
-    spec = _whole(algo) if isinstance(algo, str) else dict(algo)
-    flat = {
-        k: v for k, v in {**spec, **overrides}.items() if k in _LEGACY_KNOBS or k == "advantage"
-    }
-    if not flat or any(isinstance(spec.get(k), Mapping) for k in PART_REGISTRIES):
-        return spec
-    out = {k: v for k, v in spec.items() if k not in flat}
-    for key, value in flat.items():
-        if key == "advantage":
-            out = merge_specs(out, {"advantage": {"name": value}})
-        else:
-            kind, knob = _LEGACY_KNOBS[key]
-            out = merge_specs(out, {kind: {knob: value}})
-    return out

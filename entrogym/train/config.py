@@ -4,9 +4,10 @@ Every field is settable from the command line (``--tasks-per-iter 8``) and from 
 (``--config run.yaml`` with ``tasks_per_iter: 8``); the YAML keys are the field names below.
 Defaults are the paper's where it gives one (appendix "Training"), sized down only where noted.
 
-The algorithm is a preset with its parts' knobs (``entrogym.train.algo_spec``):
-``--algo repo-d --algo.controller pi --algo.controller.kp 0.3`` or, in YAML,
-``algo: {name: repo-d, controller: {name: pi, kp: 0.3}}``.
+The algorithm is an ``AlgorithmConfig``: a preset with its parts' knobs, read from the command
+line (``--algo repo-d --algo.controller pi --algo.controller.kp 0.3``) or a YAML file's
+``algo: {name: repo-d, controller: {name: pi, kp: 0.3}}`` by the commands; :meth:`to_dict`
+writes it as its mapping (``algorithm_mapping``), the form a run folder's ``config.yaml`` holds.
 """
 
 from __future__ import annotations
@@ -23,11 +24,10 @@ from entrogym.agents.env_workers import (
     EnvLimits,
     check_env_limits,
 )
-from entrogym.algos import LEVERS, AlgorithmConfig
+from entrogym.algos import LEVERS, AlgorithmConfig, algorithm_mapping, get_algorithm
 from entrogym.algos.aepo import Aepo
 from entrogym.dtypes import DTypeName
 from entrogym.models import LORA_TARGETS
-from entrogym.train.algo_spec import resolve_algorithm, typed_spec
 from entrogym.train.trackers import NO_TRACKER, parse_report_to
 
 # Padded tokens per learner micro-batch: about 5 GB of activations for a 135M model in fp32
@@ -114,7 +114,7 @@ class TrainConfig(AgentConfig):
     env: str = "entrogym/Arithmetic-v0"
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     split: str | None = None
-    algo: dict[str, Any] | str = field(default_factory=lambda: {"name": "repo-r"})
+    algo: AlgorithmConfig = field(default_factory=lambda: get_algorithm("repo-r"))
     dtype: DTypeName = "fp32"
     iterations: int = 10
     max_staleness: int = 0
@@ -156,8 +156,11 @@ class TrainConfig(AgentConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        # an unknown preset, part or knob fails here, before anything loads
-        self.algo = typed_spec(self.algo)
+        if not isinstance(self.algo, AlgorithmConfig):
+            raise ValueError(
+                f"algo must be an AlgorithmConfig, got {self.algo!r}; build one from a preset "
+                "and its knobs with entrogym.algos.build_algorithm"
+            )
         self.report_to = ",".join(parse_report_to(self.report_to)) or NO_TRACKER
         positive = (
             "iterations",
@@ -206,7 +209,7 @@ class TrainConfig(AgentConfig):
 
     def _check_lever_fits(self) -> None:
         """What the chosen lever needs of the run, refused here rather than at the first loss."""
-        lever = self.algorithm().lever.name
+        lever = self.algo.lever.name
         if issubclass(LEVERS.get(lever), Aepo) and self.max_staleness:
             raise ValueError(
                 f"lever {lever} draws its samples at temperature T from the current weights "
@@ -262,9 +265,6 @@ class TrainConfig(AgentConfig):
                 "use either resume (continue this run) or init_adapter (new run), not both"
             )
 
-    def algorithm(self) -> AlgorithmConfig:
-        """The preset with its parts' knobs applied (what the trainer runs)."""
-        return resolve_algorithm(self.algo)
-
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The config as plain data (``config.yaml``, trackers): the algorithm as its mapping."""
+        return {**asdict(self), "algo": algorithm_mapping(self.algo)}

@@ -39,6 +39,7 @@ from typing import Any
 
 import yaml
 
+from entrogym.algos import AlgorithmConfig, algorithm_mapping, build_algorithm
 from entrogym.atomic import atomic_write_text
 from entrogym.localserver import pid_alive
 from entrogym.train.run_layout import (
@@ -93,7 +94,7 @@ RESUMABLE_FIELDS = frozenset(
 )
 # Compared through the resolved preset (both config forms), not as raw values; ``resume`` is
 # how a run was started, not a setting of the run.
-_NOT_COMPARED = frozenset({"algo", "algo_overrides", "resume"})
+_NOT_COMPARED = frozenset({"algo", "resume"})
 _ADAPTER_RE = re.compile(r"^v(\d{6,})$")
 
 
@@ -210,19 +211,15 @@ def _write_marker(run_dir: Path) -> None:
 # ----------------------------------------------------------------------------- config check
 
 
-def resolved_algorithm(config: dict[str, Any]) -> dict[str, Any]:
-    """The algorithm a config means, every part with every knob (``algorithm_mapping``), so that
-    a preset name and the same preset spelled out compare equal. Run folders of older entrogym
-    versions (flat preset knobs, ``algo_overrides``) are read too."""
-    from entrogym.algos import algorithm_mapping
-    from entrogym.train.algo_spec import legacy_spec, resolve_algorithm
-
+def saved_algorithm(config: dict[str, Any]) -> AlgorithmConfig:
+    """The algorithm of a saved config (``config.yaml``, a checkpoint's, ``TrainConfig.to_dict``):
+    its ``algo`` mapping (``algorithm_mapping``, or a preset with some knobs) read back once.
+    A mapping this entrogym cannot read is a :class:`RunFolderError` naming it."""
     algo = config.get("algo")
-    name = algo.get("name") if isinstance(algo, dict) else algo
-    if not isinstance(name, str):
-        raise RunFolderError(f"config has no algorithm name (algo: {algo!r})")
-    spec = legacy_spec(algo, config.get("algo_overrides") or {})
-    return algorithm_mapping(resolve_algorithm(spec))
+    try:
+        return build_algorithm(algo)
+    except ValueError as exc:
+        raise RunFolderError(f"config.yaml's algo {algo!r}: {exc}") from None
 
 
 def config_differences(saved: dict[str, Any], new: dict[str, Any]) -> dict[str, list[Any]]:
@@ -230,7 +227,8 @@ def config_differences(saved: dict[str, Any], new: dict[str, Any]) -> dict[str, 
     compared by its resolved preset). A field only one side has (added or removed by another
     entrogym version) is not compared."""
     diffs: dict[str, list[Any]] = {}
-    old_algo, new_algo = resolved_algorithm(saved), resolved_algorithm(new)
+    old_algo = algorithm_mapping(saved_algorithm(saved))
+    new_algo = algorithm_mapping(saved_algorithm(new))
     if old_algo != new_algo:
         changed = {k: [old_algo[k], new_algo[k]] for k in old_algo if old_algo[k] != new_algo[k]}
         diffs["algo"] = [changed, "(resolved preset fields: [saved, new])"]

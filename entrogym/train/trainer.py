@@ -72,7 +72,7 @@ class Trainer:
         self.ranks = distributed.setup_ranks()
         self.phases = PhaseClock(hooks)
         self.shutdown = shutdown or ShutdownRequest(cfg.shutdown_grace)
-        self.algo = cfg.algorithm()  # checked when the config was made
+        self.algo = cfg.algo
         self.sampler = Sampler(cfg, self.ranks, self.shutdown, engine)  # checks split, eval env
         self.run = Run(cfg, self.ranks)
         resume_from = self.run.open()

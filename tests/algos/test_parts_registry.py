@@ -26,21 +26,6 @@ from entrogym.algos import (
     repo_r,
 )
 
-# What the entropy controls' state_dict() held before levers and controllers, as checkpoints
-# of runs started then hold it (the oldest format names no control).
-OLD_STATES = {
-    "grpo": {"target": 1.25, "history": [1.25, 1.1], "zeta": None, "eps_high": None},
-    "repo-r": {"control": "repo-r", "target": 1.25, "history": [1.25, 1.1, 1.0],
-               "zeta": {"zeta_min": 1e-4, "zeta_max": 0.05, "zeta": 4e-3}},
-    "repo-d": {"target": 0.5, "history": [0.5, 0.7], "eps_high": None,
-               "zeta": {"zeta_min": 1e-3, "zeta_max": 10.0, "zeta": -2e-3}},
-    "grpo-entropy-bonus": {"control": "entropy-bonus", "target": 0.9, "history": [0.9, 0.8],
-                           "zeta": {"zeta_min": 1e-3, "zeta_max": 10.0, "zeta": 8e-3}},
-    "adapo": {"target": 2.0, "history": [2.0, 1.9], "zeta": None,
-              "eps_high": {"eps_high": 0.294, "lower": 0.2, "upper": 0.32, "up": 1.05,
-                           "down": 0.95}},
-}  # fmt: skip
-
 
 def test_every_builtin_part_is_registered_and_presets_name_them():
     assert set(LEVERS.names()) >= {"none", "repo-r", "repo-d", "entropy-bonus", "clip-high",
@@ -146,23 +131,28 @@ def test_a_lever_suggests_its_controller_knobs_and_the_user_overrides_them():
     assert (paper.name, paper.params.max) == ("paper", None)
 
 
-@pytest.mark.parametrize("preset", list(OLD_STATES))
-def test_control_state_of_old_checkpoints_loads(preset):
-    old = json.loads(json.dumps(OLD_STATES[preset]))  # checkpoints store it as JSON
+@pytest.mark.parametrize("preset", list(ALGORITHMS))
+def test_control_state_round_trips_through_a_checkpoint(preset):
     control = EntropyControl(ALGORITHMS[preset])
-    control.load_state_dict(old)
-    assert control.target == old["target"] and control.history == old["history"]
-    if old.get("zeta"):
-        assert control.coefficient == old["zeta"]["zeta"]
-    if old.get("eps_high"):
-        assert control.clip_range()[1] == old["eps_high"]["eps_high"]
-    state = control.state_dict()  # today's format: lever, controller and their state
-    assert state["lever"] == ALGORITHMS[preset].lever.name
+    for entropy in (1.25, 1.0, 0.8):  # the controller moves, so its state is not the start's
+        control.observe(entropy)
+    state = json.loads(json.dumps(control.state_dict()))  # checkpoints store it as JSON
     again = EntropyControl(ALGORITHMS[preset])
-    again.load_state_dict(json.loads(json.dumps(state)))
-    assert again.state_dict() == state
-    control.observe(old["target"] - 0.5)  # resumes steering from the loaded state
-    assert control.history[-1] == old["target"] - 0.5
+    again.load_state_dict(state)
+    assert again.state_dict() == control.state_dict()
+    assert (again.target, again.history, again.coefficient) == (
+        control.target, control.history, control.coefficient
+    )  # fmt: skip
+    again.observe(0.5)  # resumes steering from the loaded state
+    control.observe(0.5)
+    assert again.state_dict() == control.state_dict()
+
+
+def test_control_state_without_its_lever_is_refused_in_one_line():
+    state = EntropyControl(ALGORITHMS["repo-r"]).state_dict()
+    del state["lever"]
+    with pytest.raises(ValueError, match="the checkpoint lacks lever; resume from a checkpoint"):
+        EntropyControl(ALGORITHMS["repo-r"]).load_state_dict(state)
 
 
 def test_state_of_another_lever_or_controller_is_refused():

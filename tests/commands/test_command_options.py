@@ -7,13 +7,15 @@ from dataclasses import fields
 from pathlib import Path
 
 import pytest
+import yaml
 
-from entrogym.algos import ALGORITHMS, PART_REGISTRIES
+from entrogym.algos import ALGORITHMS, PART_REGISTRIES, algorithm_mapping
 from entrogym.commands import bandit, demo, model, plot, theory
 from entrogym.commands import eval as eval_command
 from entrogym.commands.options import normalise_argv
 from entrogym.commands.train import build_parser, parse_config
 from entrogym.train.config import TrainConfig
+from entrogym.train.run_folder import saved_algorithm
 
 COMMANDS = ("train", "eval", "bandit", "demo", "plot", "theory", "model", "appworld")
 
@@ -44,15 +46,15 @@ def test_train_help_lists_every_preset_part_and_knob_dashed(capsys) -> None:
 def test_algorithm_options_on_the_command_line_and_in_yaml(tmp_path: Path) -> None:
     argv = ["--algo", "repo-d", "--algo.controller", "pi", "--algo.controller.kp", "0.3"]
     cfg = parse_config(argv)
-    algo = cfg.algorithm()
+    algo = cfg.algo
     assert (algo.name, algo.controller.name, algo.controller.params.kp) == ("repo-d", "pi", 0.3)
-    assert cfg.algo == {"name": "repo-d", "controller": {"name": "pi", "kp": 0.3}}  # typed
+    assert cfg.to_dict()["algo"]["controller"]["kp"] == 0.3  # typed, in the mapping it saves
     same = parse_config(["--algo=repo-d", "--algo.controller=pi", "--algo.controller.kp=0.3"])
-    assert same.algorithm() == algo
+    assert same.algo == algo
     swapped = parse_config(
         ["--algo", "grpo", "--algo.lever", "kl-cov", "--algo.lever.kl-cov-ratio", "0.01"]
     )
-    assert swapped.algorithm().lever.params.kl_cov_ratio == 0.01
+    assert swapped.algo.lever.params.kl_cov_ratio == 0.01
     yaml_file = tmp_path / "run.yaml"
     yaml_file.write_text(
         "algo: {name: repo-d, controller: {name: pi, kp: 0.3}, lever: {centering: exact}, "
@@ -60,25 +62,25 @@ def test_algorithm_options_on_the_command_line_and_in_yaml(tmp_path: Path) -> No
     )
     cfg = parse_config(["--config", str(yaml_file)])
     assert (
-        cfg.algorithm()
-        == parse_config(
-            [*argv, "--algo.lever.centering", "exact", "--algo.epochs", "1"]
-        ).algorithm()
+        cfg.algo
+        == parse_config([*argv, "--algo.lever.centering", "exact", "--algo.epochs", "1"]).algo
     )
     # command-line options merge over the file's: knobs join, a part named anew replaces
     cfg = parse_config(["--config", str(yaml_file), "--algo.controller.ki", "0.2"])
-    assert (cfg.algorithm().controller.params.kp, cfg.algorithm().controller.params.ki) == (
+    assert (cfg.algo.controller.params.kp, cfg.algo.controller.params.ki) == (
         0.3,
         0.2,
     )
     cfg = parse_config(["--config", str(yaml_file), "--algo.controller", "paper"])
-    assert cfg.algorithm().controller.name == "paper"  # pi's kp does not carry over
-    assert cfg.algorithm().lever.params.centering == "exact"
-    # the run folder's config.yaml keeps what was given, and reads back to the same algorithm
-    assert TrainConfig(**cfg.to_dict()).algorithm() == cfg.algorithm()
+    assert cfg.algo.controller.name == "paper"  # pi's kp does not carry over
+    assert cfg.algo.lever.params.centering == "exact"
+    # the run folder's config.yaml holds the whole mapping, and reads back to the same algorithm
+    saved = yaml.safe_load(yaml.safe_dump(cfg.to_dict()))
+    assert saved["algo"] == algorithm_mapping(cfg.algo)
+    assert saved_algorithm(saved) == cfg.algo
     old = tmp_path / "old.yaml"
     old.write_text("algo: dapo\n")
-    assert parse_config(["--config", str(old), "--algo.epochs", "3"]).algorithm().epochs == 3
+    assert parse_config(["--config", str(old), "--algo.epochs", "3"]).algo.epochs == 3
 
 
 # 9 ** 7 nodes once its aliases expand, in 200 characters

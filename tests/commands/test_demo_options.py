@@ -9,21 +9,24 @@ import pytest
 from benchmarks.demo_sweep import cell_name, parse_cell
 from entrogym.commands.demo import DemoOptions, build_parser
 from entrogym.commands.demo import cli as demo_cli
+from entrogym.commands.demo_runs import parse_run
 from entrogym.commands.options import parse_options
-from entrogym.demo import DEFAULT_ITERATIONS, DEFAULT_RUNS, demo_config, parse_run, parsed_run
+from entrogym.demo import DEFAULT_ITERATIONS, DEFAULT_RUNS, demo_config
 
 
 def test_a_variant_is_labelled_and_keeps_the_presets_other_values(tmp_path: Path) -> None:
-    label, folder, algo = parse_run("repo-r --algo.controller.init=0.05  --algo.controller.max 0.5")
+    run = parse_run("repo-r --algo.controller.init=0.05  --algo.controller.max 0.5")
+    label, folder = run.label, run.folder
     assert label == "repo-r --algo.controller.init 0.05 --algo.controller.max 0.5"
     assert folder == "repo-r_controller.init_0.05_controller.max_0.5"
-    cfg = demo_config(algo, tmp_path, 15, 1e-3, 40, seed=3, engine="hf", name=folder)
-    resolved = cfg.algorithm()
+    cfg = demo_config(run.algo, tmp_path, 15, 1e-3, 40, seed=3, engine="hf", name=folder)
+    resolved = cfg.algo
     assert (resolved.controller.params.init, resolved.controller.params.max) == (0.05, 0.5)
     assert resolved.controller.params.min is None  # the lever's 1e-4, as the preset
     assert (cfg.seed, cfg.engine, Path(cfg.out).name) == (3, "hf", folder)
-    assert parse_run("repo-r") == ("repo-r", "repo-r", {"name": "repo-r"})
-    assert demo_config("repo-r", tmp_path, 15, 1e-3, 40).algorithm().controller.name == "paper"
+    plain = parse_run("repo-r")
+    assert (plain.label, plain.folder, plain.algo.name) == ("repo-r", "repo-r", "repo-r")
+    assert demo_config(plain.algo, tmp_path, 15, 1e-3, 40).algo.controller.name == "paper"
 
 
 @pytest.mark.parametrize(
@@ -52,7 +55,7 @@ def test_defaults_meet_the_issue_floor_and_seed_is_an_option() -> None:
         DemoOptions(seeds=[1, 1])
     with pytest.raises(ValueError, match="workers"):
         DemoOptions(workers=999)
-    assert {parsed_run(s)[2]["name"] for s in DEFAULT_RUNS} >= {"grpo", "repo-r"}
+    assert {parse_run(s).algo.name for s in DEFAULT_RUNS} >= {"grpo", "repo-r"}
     with pytest.raises(ValueError, match="engine"):
         DemoOptions(engine="tpu")
     variant = "repo-d --algo.controller pi"
@@ -63,7 +66,7 @@ def test_sweep_cells_parse_and_name_uniquely() -> None:
     cell = parse_cell(
         "repo-d --algo.controller pi --algo.controller.kp 0.3 --lr 5e-4 --iters 20 --seed 1"
     )
-    assert cell["algo"] == {"name": "repo-d", "controller": {"name": "pi", "kp": 0.3}}
+    assert cell["algo"] == "repo-d --algo.controller pi --algo.controller.kp 0.3"
     assert (cell["lr"], cell["iters"], cell["seed"], cell["engine"]) == (5e-4, 20, 1, "hf")
     other = parse_cell("repo-d --algo.controller pi --algo.controller.kp 0.3 --lr 5e-4 --iters 20")
     assert cell_name(cell) != cell_name(other)

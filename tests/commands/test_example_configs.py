@@ -13,6 +13,7 @@ from pathlib import Path
 
 import gymnasium as gym
 import pytest
+import yaml
 
 import entrogym  # noqa: F401  (registers the built-in env ids)
 from entrogym.algos.presets import ALGORITHMS
@@ -29,6 +30,15 @@ APPWORLD_SPLITS = ("train", "dev", "test_normal", "test_challenge")
 
 def load(path: Path, *extra: str) -> TrainConfig:
     return parse_config(["--config", str(path), *extra])
+
+
+def _algo_in(path: Path) -> dict:
+    """The ``algo:`` mapping ``path`` holds (a preset's name is its mapping), or the one of the
+    file it includes."""
+    data = yaml.safe_load(path.read_text())
+    if "algo" not in data:
+        return _algo_in(path.parent / data["config"])
+    return {"name": data["algo"]} if isinstance(data["algo"], str) else data["algo"]
 
 
 def entry_class(env_id: str) -> type:
@@ -77,11 +87,11 @@ def test_config_parses_into_a_valid_run(path: Path) -> None:
         check_split(cfg.eval_env, {}, cfg.eval_split)
 
     # The preset exists and its options apply (an unknown one raises ValueError).
-    algo = cfg.algorithm()
-    assert algo.name == cfg.algo["name"]
+    given = _algo_in(path)
+    assert cfg.algo.name == given["name"]
     for setting in ("epochs", "minibatch_size"):
-        if setting in cfg.algo:
-            assert getattr(algo, setting) == cfg.algo[setting]
+        if setting in given:
+            assert getattr(cfg.algo, setting) == given[setting]
 
     assert cfg.max_response_tokens <= cfg.max_context_tokens
     assert cfg.out != TrainConfig().out, f"{path.name}: give the run its own out folder"
@@ -91,7 +101,7 @@ def test_config_parses_into_a_valid_run(path: Path) -> None:
 @pytest.mark.parametrize("algo", list(ALGORITHMS))
 def test_paper_scale_configs_carry_the_paper_values(env: str, algo: str) -> None:
     cfg = load(CONFIG_DIR / f"{env}-{algo}.yaml")
-    assert cfg.algo["name"] == algo
+    assert cfg.algo.name == algo
     assert cfg.out == f"runs/{env}-{algo}"
     # Appendix "Training".
     assert cfg.samples == 6
@@ -104,7 +114,7 @@ def test_paper_scale_configs_carry_the_paper_values(env: str, algo: str) -> None
     assert cfg.model == "Qwen/Qwen3-8B"
     assert cfg.dtype == "fp16"
     # Sec. 6 "Algorithms": RLOO takes all experience in one minibatch; the others 256 / 128.
-    minibatch = cfg.algorithm().minibatch_size
+    minibatch = cfg.algo.minibatch_size
     if algo == "rloo":
         assert minibatch is None
     else:
@@ -137,22 +147,22 @@ def test_included_file_resolves_relative_to_the_including_file(
 ) -> None:
     monkeypatch.chdir(tmp_path)  # `config: aime.yaml` must not depend on the working folder
     cfg = load(CONFIG_DIR / "aime-gspo.yaml")
-    assert (cfg.algo["name"], cfg.max_response_tokens) == ("gspo", 4096)
+    assert (cfg.algo.name, cfg.max_response_tokens) == ("gspo", 4096)
 
 
 def test_later_sources_override_earlier_ones() -> None:
     """What README.md in examples/configs documents: files and options apply left to right,
     and an algorithm option set earlier stays set when a later source changes another."""
     cfg = load(CONFIG_DIR / "appworld.yaml", "--config", str(CONFIG_DIR / "aime-dapo.yaml"))
-    assert (cfg.env, cfg.algo["name"]) == ("entrogym/AIMETrain-v0", "dapo")
+    assert (cfg.env, cfg.algo.name) == ("entrogym/AIMETrain-v0", "dapo")
     cfg = load(CONFIG_DIR / "aime.yaml", "--algo", "rloo")
-    assert (cfg.algo["name"], cfg.algorithm().minibatch_size) == ("rloo", 256)
+    assert (cfg.algo.name, cfg.algo.minibatch_size) == ("rloo", 256)
     cfg = load(CONFIG_DIR / "aime-grpo.yaml", "--seed", "3", "--out", "runs/x")
-    assert (cfg.seed, cfg.out, cfg.algorithm().minibatch_size) == (3, "runs/x", 256)
+    assert (cfg.seed, cfg.out, cfg.algo.minibatch_size) == (3, "runs/x", 256)
     cfg = load(CONFIG_DIR / "aime-grpo.yaml", "--algo.epochs", "3")
-    assert (cfg.algorithm().epochs, cfg.algorithm().minibatch_size) == (3, 256)
+    assert (cfg.algo.epochs, cfg.algo.minibatch_size) == (3, 256)
     cfg = load(CONFIG_DIR / "aime-repo-d.yaml", "--algo.controller", "pi")
-    assert (cfg.algorithm().controller.name, cfg.algorithm().minibatch_size) == ("pi", 256)
+    assert (cfg.algo.controller.name, cfg.algo.minibatch_size) == ("pi", 256)
 
 
 def test_engine_urls_take_a_list() -> None:

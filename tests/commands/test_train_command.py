@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from entrogym.algos import algorithm_mapping
 from entrogym.commands.train import cli
+from entrogym.train.run_folder import saved_algorithm
 
 QUICK = [
     "--model", "tiny-random-llama", "--engine", "hf", "--engine-dtype", "fp32",
@@ -36,7 +38,9 @@ def test_train_with_algorithm_options_and_held_out_eval(tmp_path: Path) -> None:
     assert evals and all(r["split"] == "test" for r in evals)  # held out, not train
     assert all(r["accuracy"] == r["pass@1"] for r in evals)
     saved = yaml.safe_load((out / "config.yaml").read_text())
-    assert saved["algo"] == {"name": "repo-r", "controller": {"max": 0.5}, "epochs": 1}
+    # the whole algorithm's mapping, the options given among its values
+    assert saved["algo"] == algorithm_mapping(saved_algorithm(saved))
+    assert (saved["algo"]["controller"]["max"], saved["algo"]["epochs"]) == (0.5, 1)
 
 
 @pytest.mark.parametrize(

@@ -41,8 +41,8 @@ def test_the_grouped_parser_still_parses_every_section():
     c = parse_config(["--out", "runs/x", "--lr", "0.001", "--eval-every", "3",
                       "--eval-env", "entrogym/Arithmetic-v0", "--tasks-per-iter", "2",
                       "--algo", "grpo"])  # fmt: skip
-    assert (c.out, c.lr, c.eval_every, c.tasks_per_iter, c.algo) == (
-        "runs/x", 0.001, 3, 2, {"name": "grpo"})  # fmt: skip
+    assert (c.out, c.lr, c.eval_every, c.tasks_per_iter, c.algo.name) == (
+        "runs/x", 0.001, 3, 2, "grpo")  # fmt: skip
 
 
 @dataclass

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from entrogym.commands.demo import DemoOptions
-from entrogym.demo import DEFAULT_RUNS, parse_run, parsed_run, split_run
+from entrogym.commands.demo_runs import parse_run, split_run
+from entrogym.demo import DEFAULT_RUNS, DEMO_UPDATE
 from entrogym.demo.log_labels import LabelledStream, labelled_output
 from entrogym.demo.run import plan_jobs
 
@@ -27,17 +28,21 @@ def test_a_name_prefix_labels_a_run_and_a_plain_spec_keeps_its_own_label() -> No
         with pytest.raises(ValueError):
             split_run(spec)  # then it is a spec, and not a valid one
     assert split_run("grpo") == ("grpo", "grpo")
-    label, folder, algo = parsed_run(f"held={HELD}")
-    assert (label, folder) == ("held", "held")
-    assert algo == parse_run(HELD)[2] and algo["lever"]["name"] == "entropy-constraint"
-    assert parsed_run("repo-r") == parse_run("repo-r")
+    named, plain = parse_run(f"held={HELD}"), parse_run(HELD)
+    assert (named.label, named.folder, named.spec) == ("held", "held", HELD)
+    assert (plain.label, plain.spec) == ("grpo --algo.lever entropy-constraint --algo.lever.penalty 1.0", HELD)  # fmt: skip
+    assert named.spec_folder == plain.folder == "grpo_lever_entropy-constraint_lever.penalty_1.0"
+    assert named.algo == plain.algo and named.algo.lever.name == "entropy-constraint"
+    # the demo's update, unless the spec sets its own
+    assert (plain.algo.epochs, plain.algo.minibatch_size) == tuple(DEMO_UPDATE.values())
+    assert parse_run("grpo --algo.epochs 3").algo.epochs == 3
 
 
 def test_the_default_runs_have_short_distinct_labels() -> None:
-    labels = [parsed_run(spec)[0] for spec in DEFAULT_RUNS]
-    assert labels == ["grpo", "repo-r", "held"]
-    assert parsed_run(DEFAULT_RUNS[2])[2]["lever"]["name"] == "entropy-constraint"
-    assert DemoOptions().algos == list(DEFAULT_RUNS)
+    runs = DemoOptions().runs
+    assert [run.label for run in runs] == ["grpo", "repo-r", "held"]
+    assert [run.text for run in runs] == list(DEFAULT_RUNS)
+    assert runs[2].algo.lever.name == "entropy-constraint"
 
 
 def test_two_runs_under_one_label_are_refused() -> None:
@@ -51,7 +56,8 @@ def test_two_runs_under_one_label_are_refused() -> None:
 
 
 def test_jobs_carry_label_spec_and_short_name(tmp_path: Path) -> None:
-    runs = ["grpo", f"held={HELD}", "grpo --algo.lever kl-cov --algo.mask high-entropy"]
+    texts = ["grpo", f"held={HELD}", "grpo --algo.lever kl-cov --algo.mask high-entropy"]
+    runs = [parse_run(text) for text in texts]
     jobs = plan_jobs(tmp_path, runs, [0, 1], 2, 1e-3, 0, workers=1)
     assert [(j.label, j.seed) for j in jobs][:3] == [
         ("grpo", 0), ("held", 0), ("grpo --algo.lever kl-cov --algo.mask high-entropy", 0)

@@ -76,13 +76,14 @@ LONG = "grpo --algo.lever kl-cov --algo.mask high-entropy"
 
 def default_records(seeds: tuple[int, ...] = (0,)) -> list[dict]:
     """The default runs' records, labelled as the demo labels them, plus a long plain spec."""
-    from entrogym.demo import DEFAULT_RUNS, parsed_run, split_run
+    from entrogym.commands.demo_runs import parse_run
+    from entrogym.demo import DEFAULT_RUNS
 
     out = []
     for seed in seeds:
-        for spec, entropy in zip((*DEFAULT_RUNS, LONG), (FELL, FELL, HELD, HELD), strict=True):
-            label = parsed_run(spec)[0]
-            out.append({**record(label, seed, entropy), "spec": split_run(spec)[1]})
+        for text, entropy in zip((*DEFAULT_RUNS, LONG), (FELL, FELL, HELD, HELD), strict=True):
+            run = parse_run(text)
+            out.append({**record(run.label, seed, entropy), "spec": run.spec})
     return out
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from entrogym.cli import main
-from entrogym.demo.config import split_run
+from entrogym.commands.demo_runs import parse_run, split_run
 from entrogym.demo.sequential import stage_area
 from entrogym.demo.sequential_report import goals
 
@@ -88,7 +88,8 @@ def test_bad_input_is_one_line_before_any_model_loads(
 def test_eval_samples_reach_every_evaluation_of_both_stages(tmp_path: Path) -> None:
     from entrogym.demo.sequential import PAIRS, Plan
 
-    plan = Plan(tmp_path, "add1-add2", PAIRS["add1-add2"], runs=["grpo"], eval_samples=4)
+    grpo = parse_run("grpo")
+    plan = Plan(tmp_path, "add1-add2", PAIRS["add1-add2"], [grpo], grpo, eval_samples=4)
     (one,) = plan.stage1_jobs()
     assert one.config.eval_samples == 4 and one.config.eval_tasks == 40
     folder = tmp_path / "stage1" / "seed0" / "grpo"

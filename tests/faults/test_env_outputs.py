@@ -19,6 +19,7 @@ import pytest
 from vowel_env import TINY_SETTINGS
 
 from entrogym.agents.rollout import collect_rollouts
+from entrogym.algos import get_algorithm
 from entrogym.train.config import TrainConfig
 from entrogym.train.metrics import read_metrics
 from entrogym.train.trainer import train
@@ -87,7 +88,7 @@ def test_a_string_success_flag_does_not_count_as_solved_in_training(tmp_path) ->
         TrainConfig(
             env=ENV,
             env_kwargs={"fault": "success-string", "broken": ["t0", "t1"]},
-            algo="rloo",
+            algo=get_algorithm("rloo"),
             iterations=1,
             out=str(tmp_path),
             **{**TINY_SETTINGS, "tasks_per_iter": 4},

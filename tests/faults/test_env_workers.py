@@ -20,6 +20,7 @@ import pytest
 from vowel_env import TINY_SETTINGS
 
 from entrogym.agents.rollout import collect_rollouts
+from entrogym.algos import get_algorithm
 from entrogym.train.config import TrainConfig
 from entrogym.train.metrics import read_metrics
 from entrogym.train.trainer import train
@@ -82,7 +83,7 @@ def test_a_leaking_env_is_stopped_by_its_memory_limit(tmp_path: Path, capfd) -> 
                 env=ENV,
                 env_max_memory_mb=1024,
                 env_workers=2,
-                algo="rloo",
+                algo=get_algorithm("rloo"),
                 out=str(tmp_path / out),
                 **{**RUN, "max_env_error_fraction": 1.0, **kwargs},
             )

@@ -19,6 +19,7 @@ from safetensors.torch import load_file, save_file
 from test_trainer_env_errors import HalfBroken  # tests/faults: the broken env of training
 from vowel_env import TINY_SETTINGS
 
+from entrogym.algos import get_algorithm
 from entrogym.commands.eval import cli
 from entrogym.train.config import TrainConfig
 from entrogym.train.metrics import read_metrics
@@ -79,7 +80,7 @@ def test_in_run_eval_rows_carry_env_errors_and_never_mark_best(tmp_path: Path) -
     cfg = TrainConfig(
         **TINY_SETTINGS | dict(iterations=1, max_context_tokens=256),
         env="test/Vowel-v0",
-        algo="grpo",
+        algo=get_algorithm("grpo"),
         eval_env="faults/Broken-v0",
         eval_env_kwargs={"broken": ["t0"]},
         eval_every=1,

@@ -11,6 +11,7 @@ import pytest
 from vowel_env import TINY_SETTINGS
 
 from entrogym.agents.episode import EnvErrorBudgetExceeded
+from entrogym.algos import get_algorithm
 from entrogym.envs import UnicodeText
 from entrogym.train.config import TrainConfig
 from entrogym.train.metrics import read_metrics
@@ -50,7 +51,7 @@ def test_env_errors_are_counted_and_excluded(tmp_path, capsys) -> None:
     out = train(
         TrainConfig(
             env="test/HalfBroken-v0",
-            algo="rloo",
+            algo=get_algorithm("rloo"),
             out=str(tmp_path),
             sampler_entropy_check=True,
             **TINY,
@@ -67,7 +68,7 @@ def test_env_errors_are_counted_and_excluded(tmp_path, capsys) -> None:
 def test_too_many_env_errors_stop_the_run(tmp_path) -> None:
     cfg = TrainConfig(
         env="test/HalfBroken-v0",
-        algo="rloo",
+        algo=get_algorithm("rloo"),
         out=str(tmp_path),
         max_env_error_fraction=0.1,
         **TINY,

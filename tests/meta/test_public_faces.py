@@ -21,4 +21,4 @@ def test_the_documented_import_works() -> None:
     from entrogym.train import TrainConfig, Trainer, train
 
     assert callable(train) and Trainer.__name__ == "Trainer"
-    assert TrainConfig().algorithm().name == TrainConfig().algo["name"]
+    assert TrainConfig().algo.name == "repo-r"

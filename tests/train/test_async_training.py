@@ -4,6 +4,7 @@ old, and an async run killed mid-pipeline resumes exactly (tiny random Llama, hf
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -13,7 +14,7 @@ from vowel_env import TINY_RUN
 
 from entrogym.agents.engines import SamplingParams
 from entrogym.agents.rollout import collect_rollouts
-from entrogym.algos import policy_update
+from entrogym.algos import get_algorithm, policy_update
 from entrogym.models import resolve_model
 from entrogym.train.batch import collate_episodes, usable_episodes
 from entrogym.train.config import TrainConfig
@@ -30,7 +31,9 @@ RUN = TINY_RUN | dict(
     micro_batch_size=2,
     lr=1e-2,
     max_grad_norm=1.0,
-    algo={"name": "repo-r", "minibatch_size": 3},  # two minibatches of 3: a second, off-policy one
+    algo=dataclasses.replace(
+        get_algorithm("repo-r"), minibatch_size=3
+    ),  # two minibatches of 3: a second, off-policy one
 )
 COMPARED = ("entropy", "loss", "reward_mean", "approx_kl", "ratio_max", "zeta", "grad_norm")
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from vowel_env import TINY_SETTINGS  # registers test/Vowel-v0 (graded rewards: a strong check)
 
+from entrogym.algos import get_algorithm
 from entrogym.commands.eval import cli
 from entrogym.train.config import TrainConfig
 from entrogym.train.metrics import read_metrics
@@ -21,7 +22,7 @@ def test_entrogym_eval_equals_the_trainers_eval_row(tmp_path: Path) -> None:
     cfg = TrainConfig(
         **SETTINGS | dict(iterations=1, lr=1e-2, seed=3),
         env="test/Vowel-v0",
-        algo="grpo",
+        algo=get_algorithm("grpo"),
         eval_env="test/Vowel-v0",
         eval_split="train",
         eval_every=1,

@@ -64,7 +64,7 @@ def test_options_reach_the_train_config(tmp_path, scoring, layout, action_only):
     assert (cfg.score_layout, cfg.action_only_head) == (layout, action_only)
     assert (cfg.dtype, cfg.threads, cfg.engine) == ("bf16", 1, "hf")
     assert (cfg.tasks_per_iter, cfg.samples, cfg.micro_batch_size) == (2, 2, 2)
-    algo = cfg.algorithm()
+    algo = cfg.algo
     assert (algo.name, algo.epochs, algo.minibatch_size) == ("grpo", 1, 2)
     assert cfg.max_staleness == 0
     cfg = bench_entrogym.train_config(work, "hf", scoring, tmp_path, max_staleness=1)

@@ -10,6 +10,7 @@ import torch
 import vowel_env  # registers test/Vowel-v0; TINY_RUN
 import yaml
 
+from entrogym.algos import algorithm_mapping, get_algorithm
 from entrogym.train import learner as learner_module
 from entrogym.train import run_folder
 from entrogym.train.checkpoint import save_checkpoint
@@ -19,7 +20,7 @@ from entrogym.train.run_folder import (
     config_differences,
     open_run_folder,
     prune_adapters,
-    resolved_algorithm,
+    saved_algorithm,
 )
 from entrogym.train.run_layout import is_entrogym_run
 from entrogym.train.trainer import train
@@ -85,12 +86,12 @@ def test_runs_are_recognised_by_marker_or_old_layout(tmp_path):
 
 
 def test_algorithms_compare_by_what_they_resolve_to():
-    # a run folder written by an older entrogym (flat knobs, algo_overrides) reads as today's
-    older = {"algo": "repo-r", "algo_overrides": {"zeta_max": 0.5, "repo_centering": "exact"}}
-    also_older = {"algo": {"name": "repo-r", "zeta_max": 0.5, "repo_centering": "exact"}}
+    # the knobs given and the whole mapping they resolve to read as the same algorithm
     new = {"algo": {"name": "repo-r", "controller": {"max": 0.5}, "lever": {"centering": "exact"}}}
-    assert resolved_algorithm(older) == resolved_algorithm(also_older) == resolved_algorithm(new)
-    assert config_differences(older, new) == {}
+    whole = {"algo": algorithm_mapping(saved_algorithm(new))}
+    assert whole["algo"]["controller"]["max"] == 0.5
+    assert saved_algorithm(whole) == saved_algorithm(new)
+    assert config_differences(whole, new) == {}
     assert config_differences({"algo": "grpo"}, {"algo": {"name": "grpo"}}) == {}
     other = config_differences(new, {"algo": {"name": "repo-r", "controller": {"max": 0.25}}})
     assert other["algo"][0] == {
@@ -133,7 +134,10 @@ def test_resume_with_another_experiment_is_refused_listing_the_differences(
     cfg = _finished_run(tmp_path, iterations=3)
     before = _snapshot(tmp_path / "run")
     changed = TrainConfig(
-        out=cfg.out, resume=True, iterations=6, **{**SMALL, "algo": "grpo", "lr": 0.5}
+        out=cfg.out,
+        resume=True,
+        iterations=6,
+        **{**SMALL, "algo": get_algorithm("grpo"), "lr": 0.5},
     )
     with pytest.raises(RunFolderError, match="change the experiment") as info:
         train(changed)

@@ -15,6 +15,7 @@ import pytest
 from tracker_records import expected, same, wandb_history
 from vowel_env import TINY_SETTINGS
 
+from entrogym.algos import get_algorithm
 from entrogym.commands.train import cli, parse_config
 from entrogym.train.config import TrainConfig
 from entrogym.train.metrics import read_metrics
@@ -86,7 +87,7 @@ def test_a_tracker_failing_mid_run_is_reported_once_and_the_run_goes_on(
 
     monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "trackio"))
     monkeypatch.setattr(trackio.run.Run, "log", flaky)
-    cfg = TrainConfig(**TINY_SETTINGS | dict(iterations=3), env="test/Vowel-v0", algo="grpo",
+    cfg = TrainConfig(**TINY_SETTINGS | dict(iterations=3), env="test/Vowel-v0", algo=get_algorithm("grpo"),
                       report_to="trackio", out=str(tmp_path / "run"))  # fmt: skip
     rows = read_metrics(train(cfg))
     assert [r["iteration"] for r in rows] == [0, 1, 2]  # the run went on; metrics.jsonl whole

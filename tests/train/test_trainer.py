@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from vowel_env import TINY_SETTINGS  # importing it registers test/Vowel-v0, test/Const-v0
 
+from entrogym.algos import get_algorithm
 from entrogym.algos.algorithm import target_params
 from entrogym.algos.presets import ALGORITHMS
 from entrogym.commands.train import parse_config
@@ -34,7 +35,9 @@ SMALL = TINY_SETTINGS | dict(
 
 @pytest.mark.parametrize("algo", list(ALGORITHMS))
 def test_every_preset_runs_two_iterations(algo, tmp_path):
-    out = train(TrainConfig(env="test/Vowel-v0", algo=algo, out=str(tmp_path), **SMALL))
+    out = train(
+        TrainConfig(env="test/Vowel-v0", algo=get_algorithm(algo), out=str(tmp_path), **SMALL)
+    )
     rows = [r for r in read_metrics(out) if r["kind"] == "train"]
     assert [r["iteration"] for r in rows] == [0, 1]
     assert any(r["zero_adv_groups"] < r["groups"] for r in rows)  # graded rewards: real signal
@@ -141,9 +144,17 @@ def test_resume_after_kill_equals_uninterrupted_run(tmp_path):
 
 
 def test_sequential_training_loads_the_adapter_and_base_model_is_checked(tmp_path):
-    first = train(TrainConfig(env="test/Vowel-v0", algo="rloo", out=str(tmp_path / "a"), **SMALL))
+    first = train(
+        TrainConfig(
+            env="test/Vowel-v0", algo=get_algorithm("rloo"), out=str(tmp_path / "a"), **SMALL
+        )
+    )
     cfg = TrainConfig(
-        env="test/Vowel-v0", algo="grpo", out=str(tmp_path / "b"), init_adapter=str(first), **SMALL
+        env="test/Vowel-v0",
+        algo=get_algorithm("grpo"),
+        out=str(tmp_path / "b"),
+        init_adapter=str(first),
+        **SMALL,
     )
     second = train(cfg)
     rows = read_metrics(second)
@@ -164,7 +175,9 @@ def test_sequential_training_loads_the_adapter_and_base_model_is_checked(tmp_pat
 
 def test_constant_reward_run_completes_and_says_so(tmp_path, capsys):
     # A random tiny model never solves arithmetic: every group has equal rewards.
-    out = train(TrainConfig(env="test/Const-v0", algo="grpo", out=str(tmp_path), **SMALL))
+    out = train(
+        TrainConfig(env="test/Const-v0", algo=get_algorithm("grpo"), out=str(tmp_path), **SMALL)
+    )
     rows = read_metrics(out)
     assert all(r["zero_adv_groups"] == r["groups"] for r in rows)
     assert "no policy-gradient signal" in capsys.readouterr().err
@@ -172,7 +185,7 @@ def test_constant_reward_run_completes_and_says_so(tmp_path, capsys):
 
 def test_bad_input_is_named(tmp_path):
     with pytest.raises(ValueError, match="unknown algorithm 'ppo'; presets: rloo"):
-        train(TrainConfig(env="test/Vowel-v0", algo="ppo", out=str(tmp_path), **SMALL))
+        parse_config(["--algo", "ppo"])
     with pytest.raises(ValueError, match="cannot make env"):
         train(TrainConfig(env="test/Nope-v0", out=str(tmp_path / "x"), **SMALL))
     with pytest.raises(ValueError, match="no-such-option"):
@@ -194,7 +207,7 @@ def test_smollm2_with_the_vllm_engine(tmp_path):
         | dict(model="smollm2-135m-instruct", engine="vllm", max_response_tokens=16),
         env=ENV,
         env_kwargs=ENV_KWARGS,
-        algo="repo-r",
+        algo=get_algorithm("repo-r"),
         iterations=1,
         micro_batch_size=2,
         system_prompt=SYSTEM_PROMPT,
