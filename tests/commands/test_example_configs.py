@@ -182,13 +182,14 @@ def test_readme_lists_every_config() -> None:
 def test_the_quickstart_trains_at_the_demos_settings(tmp_path: Path) -> None:
     """The README's quickstart is the demo's REPO-R run: the same task, sampler, batch and
     learning rate, so the demo's measured times and rewards are the quickstart's."""
+    from entrogym.commands.demo_runs import parse_run
     from entrogym.demo.config import DEFAULT_LR, demo_config
 
     quick = load(CONFIG_DIR / "quickstart.yaml")
-    demo = demo_config("repo-r", tmp_path, quick.iterations, DEFAULT_LR, 40)
+    demo = demo_config(parse_run("repo-r").algo, tmp_path, quick.iterations, DEFAULT_LR, 40)
     same = ("env", "env_kwargs", "model", "engine", "engine_dtype", "dtype", "tasks_per_iter",
             "samples", "early_stop_min_per_task", "early_stop_fraction", "lr", "micro_batch_size",
             "max_response_tokens", "max_context_tokens", "on_turn_budget", "system_prompt",
             "eval_env", "eval_env_kwargs", "eval_split", "eval_every", "eval_tasks")  # fmt: skip
     assert {k: getattr(quick, k) for k in same} == {k: getattr(demo, k) for k in same}
-    assert quick.algorithm() == demo.algorithm()
+    assert quick.algo == demo.algo
