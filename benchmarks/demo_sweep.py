@@ -75,7 +75,7 @@ def run_cell(cell: dict[str, Any], out: Path) -> dict[str, Any]:
     """Train one cell through the demo's own runner (``train_one``); its per-iteration record,
     with the tracking, controller and timing columns the sweep's tables show."""
     from entrogym.train.metrics import read_metrics
-    from entrogym.train.tracking import filled_targets, max_excursion, tracking_error
+    from entrogym.train.target_tracking import filled_targets, max_excursion, tracking_error
 
     name = cell_name(cell)
     cfg = demo_config(parse_run(cell["algo"]).algo, out / "runs", cell["iters"], cell["lr"], cell["eval_tasks"],

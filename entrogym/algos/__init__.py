@@ -13,7 +13,6 @@ from entrogym.algos.advantages import (
     rloo,
 )
 from entrogym.algos.algorithm import PART_REGISTRIES, AlgorithmConfig, algorithm_mapping
-from entrogym.algos.control import EntropyControl
 from entrogym.algos.controllers import (
     CONTROLLERS,
     AdditiveParams,
@@ -38,6 +37,7 @@ from entrogym.algos.entropy import (
     token_covariance,
     token_entropy_from_logits,
 )
+from entrogym.algos.entropy_control import EntropyControl
 from entrogym.algos.levers import LEVERS, Coefficient, Lever, register_lever
 from entrogym.algos.losses import LOSSES, ClipParams, clipped_policy_loss, register_loss
 from entrogym.algos.masks import MASKS, TokenMask, register_mask

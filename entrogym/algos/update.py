@@ -51,9 +51,9 @@ import torch
 
 from entrogym.algos.advantages import zero_advantage_groups
 from entrogym.algos.algorithm import AlgorithmConfig
-from entrogym.algos.control import EntropyControl
 from entrogym.algos.correction import sampler_weights
 from entrogym.algos.entropy import importance_weighted_entropy, sampled_entropy
+from entrogym.algos.entropy_control import EntropyControl
 from entrogym.algos.lever_hooks import LeverInputs
 from entrogym.algos.losses import LOSSES, TokenObjective, aggregate
 from entrogym.algos.update_batch import (

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from entrogym.demo.config import ACCURACY_SLACK, BAND, FALL, FIRST_TRACKED
-from entrogym.train.tracking import filled_targets, max_excursion, tracking_error
+from entrogym.train.target_tracking import filled_targets, max_excursion, tracking_error
 
 # The report's width, and the longest label the table's run column shows (a longer one is
 # shown as run#N, with its full label under the table).

@@ -106,7 +106,7 @@ def run_record(config: Any, run_dir: Path, wall_s: float) -> dict[str, Any]:
     """A finished run's entropy, targets, reward, coefficient and accuracy, read from its
     ``metrics.jsonl`` (``config``: the TrainConfig it ran with)."""
     from entrogym.train.metrics import read_metrics
-    from entrogym.train.tracking import filled_targets
+    from entrogym.train.target_tracking import filled_targets
 
     rows = read_metrics(run_dir)
     rows_t = [r for r in rows if r.get("kind", "train") == "train"]

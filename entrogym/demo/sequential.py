@@ -239,7 +239,7 @@ def summarize(
     """``summary.json``: per run and seed, its stage-1 entropy, target, largest excursion,
     accuracy and pass@k on A, and its stage-2 reward curve, accuracy and area on B."""
     from entrogym.demo.report import tracking
-    from entrogym.train.tracking import filled_targets
+    from entrogym.train.target_tracking import filled_targets
 
     stage2 = {(r["label"], r["seed"]): r for r in results if r.get("stage") == 2}
     passes = {(r["label"], r["seed"]): r["pass_at_k"] for r in results if "pass_at_k" in r}

@@ -14,7 +14,7 @@ from entrogym.algos.algorithm import target_params
 from entrogym.atomic import atomic_path, atomic_write_text
 from entrogym.train.algo_spec import label as spec_label
 from entrogym.train.algo_spec import parse_label
-from entrogym.train.tracking import max_excursion, tracking_error
+from entrogym.train.target_tracking import max_excursion, tracking_error
 
 # REPO-R and ADAPO should hold entropy near the target: final within this share of the initial.
 HOLD_TOLERANCE = 0.25
@@ -39,7 +39,7 @@ def tracking(entropy: np.ndarray, target: np.ndarray) -> tuple[float, float]:
     """(``tracking_error``, ``max_excursion``) of ``entropy[seeds, 1 + iters]`` (column 0 the
     initial policy) against ``target[seeds]``: the mean over seeds of each seed's tracking
     error, and the largest deviation of any seed, both over the second half of the iterations
-    (``entrogym.train.tracking``)."""
+    (``entrogym.train.target_tracking``)."""
     errors, excursions = [], []
     for curve, aim in zip(entropy[:, 1:], target, strict=True):
         errors.append(tracking_error(curve.tolist(), float(aim)))

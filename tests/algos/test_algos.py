@@ -11,7 +11,6 @@ import torch
 
 from entrogym.agents.episode import Episode
 from entrogym.algos.advantages import grpo, rloo, zero_advantage_groups
-from entrogym.algos.control import EntropyControl
 from entrogym.algos.entropy import (
     entropy_bonus_loss,
     exact_entropy,
@@ -20,6 +19,7 @@ from entrogym.algos.entropy import (
     sampled_entropy,
     token_entropy_from_logits,
 )
+from entrogym.algos.entropy_control import EntropyControl
 from entrogym.algos.losses import clipped_policy_loss, sequence_importance_ratio
 from entrogym.algos.presets import ALGORITHMS, build_algorithm, get_algorithm
 from entrogym.algos.update_batch import minibatch_indices

@@ -251,8 +251,8 @@ def test_the_entropy_neutral_zeta_zeroes_the_shaped_covariance():
     import numpy as np
 
     from entrogym.algos import build_algorithm
-    from entrogym.algos.control import EntropyControl
     from entrogym.algos.entropy import centred_repo_d, entropy_neutral_zeta
+    from entrogym.algos.entropy_control import EntropyControl
 
     gen = torch.Generator().manual_seed(3)
     logp = -torch.rand(4, 6, generator=gen, dtype=torch.float64) * 5

@@ -42,7 +42,9 @@ def quickstart_env(tmp_path_factory) -> Path:
 
 def test_the_readme_has_the_quickstarts_commands() -> None:
     found = commands()
-    assert any(c.startswith("entrogym train --env entrogym/ReasoningGym-v0") for c in found)
+    assert any(
+        c.startswith("entrogym train --config examples/configs/quickstart.yaml") for c in found
+    )
     assert any(c.startswith("entrogym eval ") for c in found)
     assert any(c.startswith("pip install -e") for c in found)
     assert len(found) >= 15
