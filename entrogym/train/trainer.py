@@ -8,7 +8,8 @@ in ``entrogym.algos``) and little state: it drives three parts, each owning one 
   metrics, trackers and the config history;
 - ``sampler`` (:class:`~entrogym.train.sampler.Sampler`): the rollout engine, the adapters it
   samples with, the kept weight versions, rollouts (ahead of the update with ``max_staleness``
-  K >= 1: ``entrogym.train.pipeline``), the target probe's batches and evaluation;
+  K >= 1: ``entrogym.train.pipeline``), the target probe's batches and evaluation (the
+  control's own samples, scored by the learner: ``entrogym.train.extra_samples``);
 - ``learner`` (:class:`~entrogym.train.learner.Learner`): the policy, optimizer and loss scaler,
   fp32 scoring and the update's steps.
 """
@@ -28,10 +29,10 @@ import torch
 from entrogym.agents.engines import Engine
 from entrogym.agents.rollout import EnvErrorBudgetExceeded, RolloutsInterrupted
 from entrogym.algos import EntropyControl, UpdateBatch
-from entrogym.algos.aepo import Aepo
 from entrogym.train import distributed
 from entrogym.train.checkpoint import read_training_state, rng_state, set_rng_state
 from entrogym.train.config import TrainConfig
+from entrogym.train.extra_samples import attach_temperature_samples, probe_target
 from entrogym.train.learner import Learner
 from entrogym.train.metrics import summary_line
 from entrogym.train.mismatch import sampler_mismatch
@@ -117,7 +118,9 @@ class Trainer:
             raise self._interrupted(start - 1)
         self.sampler.publish_adapter(start)
         self.sampler.publish_older_versions(start)
-        self._probe_target()
+        probed = probe_target(self.control, self.sampler, self.learner, self.ranks, start)
+        if probed:
+            self.run.say(probed)
         with self.sampler.pipeline(start, self.cfg.iterations) as pipeline:
             iterations = range(start, self.cfg.iterations)
             for it in progress(iterations, desc="iterations", unit="iter", enabled=self.ranks.main):
@@ -183,7 +186,9 @@ class Trainer:
         self.phases.add("generation", rollout_stats.pop("generate_s"))
         self.phases.add("env", rollout_stats.pop("env_s"))
         staleness = it - batch.versions
-        temperature_stats = self._attach_temperature_samples(it)  # AEPO's lever only
+        temperature_stats = attach_temperature_samples(  # the aepo lever's only
+            it, self.control, self.sampler, self.learner, self.ranks, self.phases
+        )
 
         # 2. The preset's update: advantages, entropy control, clipped loss, steps. The old
         #    log-probs are rescored here in fp32 (never the engine's): by the update itself,
@@ -228,45 +233,6 @@ class Trainer:
             "grad_norm": grad_norm,
             "learner_ranks": self.ranks.world,
         }
-
-    def _attach_temperature_samples(self, it: int) -> dict[str, Any]:
-        """The ``aepo`` lever's extra samples (``entrogym.algos.aepo``): drawn by the current
-        weights at the temperature T the controller holds now, for ``share`` of the
-        iteration's tasks (rank 0, broadcast), and attached to the lever with the learner's
-        fp32 scoring. Their metrics (T, how many, their mean reward); empty for other levers."""
-        lever = self.control.lever
-        if not isinstance(lever, Aepo):
-            return {}
-        temperature = float(self.control.coefficient)
-        share = lever.params.share
-        batch, stats = distributed.on_main(
-            lambda: self.sampler.collect_at_temperature(it, temperature, share), self.ranks
-        )
-        self.phases.add("generation", stats["generate_s"])
-        self.phases.add("env", stats["env_s"])
-        lever.attach(self.learner.temperature_samples(batch))
-        return {
-            "aepo_temperature": temperature,
-            "aepo_samples": len(batch),
-            "aepo_reward": float(batch.rewards.mean()),
-        }
-
-    def _probe_target(self) -> None:
-        """``algo.controller.target_probe`` batches sampled from the initial policy before the
-        first update (``Sampler.probe_batches``), scored in fp32 like an iteration's batch;
-        their entropies, in the estimator the controller tracks, go into its target."""
-        n = self.control.probe_batches
-        if not n:
-            return
-        t0 = time.perf_counter()
-        batches = distributed.on_main(
-            lambda: self.sampler.probe_batches(n, self.state.start), self.ranks
-        )
-        entropies = [self.learner.probe_entropy(batch, self.control) for batch in batches]
-        self.control.observe_probe(entropies)
-        listed = ", ".join(f"{h:.3f}" for h in entropies)
-        self.run.say(f"target probe: {n} batches of the initial policy, entropy {listed} nats "
-                     f"({time.perf_counter() - t0:.0f} s)")  # fmt: skip
 
     def _stop_requested(self) -> bool:
         """Whether a signal asked the run to stop (rank 0 decides for a torchrun group)."""
