@@ -15,7 +15,7 @@ stopped and continued without rerunning anything.
 
 A cell is a run of the demo written as a preset or labelled variant (the algorithm options of
 ``entrogym train``) followed by the cell's own settings: --lr, --iters, --seed, --engine,
---eval-tasks, --threads.
+--engine-dtype (the sampler's; the learner stays fp32), --eval-tasks, --threads.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from entrogym.demo import FIRST_TRACKED, demo_config, train_one
 
 COEFFICIENTS = ("zeta", "beta", "eps_high", "kl_coef", "clip_cov_ratio")
 
-CELL_KEYS = ("lr", "iters", "seed", "engine", "eval_tasks", "threads")
+CELL_KEYS = ("lr", "iters", "seed", "engine", "engine_dtype", "eval_tasks", "threads")
 
 
 def parse_cell(text: str) -> dict[str, Any]:
@@ -45,7 +45,8 @@ def parse_cell(text: str) -> dict[str, Any]:
     words = shlex.split(text)
     algo_words, rest = split_algo_args(words[1:])
     cell: dict[str, Any] = {"lr": 1e-3, "iters": 15, "seed": 0,
-                            "engine": "hf", "eval_tasks": 40, "threads": None}  # fmt: skip
+                            "engine": "hf", "engine_dtype": "fp32", "eval_tasks": 40,
+                            "threads": None}  # fmt: skip
     while rest:
         option = rest.pop(0)
         key = option.lstrip("-").replace("-", "_")
@@ -54,7 +55,7 @@ def parse_cell(text: str) -> dict[str, Any]:
                 f"--cell {text!r}: {option!r} is not one of --{', --'.join(CELL_KEYS)} VALUE"
             )
         value = rest.pop(0)
-        cell[key] = value if key == "engine" else float(value)
+        cell[key] = value if key in ("engine", "engine_dtype") else float(value)
     cell["algo"] = spec_label(shlex.join([words[0], *algo_words]))  # the run, as its label
     cell["iters"], cell["seed"] = int(cell["iters"]), int(cell["seed"])
     cell["eval_tasks"] = int(cell["eval_tasks"])
@@ -68,7 +69,10 @@ def _shown(value: float | str) -> str:
 
 def cell_name(cell: dict[str, Any]) -> str:
     folder = parse_run(cell["algo"]).folder
-    return f"{folder}_lr{cell['lr']:g}_it{cell['iters']}_s{cell['seed']}_{cell['engine']}"
+    # a cell written before engine_dtype was a key sampled in fp32, and keeps its name
+    dtype = cell.get("engine_dtype", "fp32")
+    suffix = "" if dtype == "fp32" else f"_{dtype}"
+    return f"{folder}_lr{cell['lr']:g}_it{cell['iters']}_s{cell['seed']}_{cell['engine']}{suffix}"
 
 
 def run_cell(cell: dict[str, Any], out: Path) -> dict[str, Any]:
@@ -80,7 +84,8 @@ def run_cell(cell: dict[str, Any], out: Path) -> dict[str, Any]:
     name = cell_name(cell)
     cfg = demo_config(parse_run(cell["algo"]).algo, out / "runs", cell["iters"], cell["lr"], cell["eval_tasks"],
                       seed=cell["seed"], engine=cell["engine"], name=name,
-                      threads=cell["threads"])  # fmt: skip
+                      threads=cell["threads"],
+                      engine_dtype=cell.get("engine_dtype", "fp32"))  # fmt: skip
     run = train_one(cfg)
     rows = read_metrics(Path(run["folder"]))
     rows_t = [r for r in rows if r.get("kind", "train") == "train"]

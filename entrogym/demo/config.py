@@ -106,6 +106,7 @@ def demo_config(
     env_kwargs: dict[str, Any] | None = None,
     init_adapter: str | None = None,
     eval_samples: int = 1,
+    engine_dtype: str | None = None,
 ) -> TrainConfig:
     """The demo's TrainConfig for one algorithm (a ``DemoRun``'s ``algo``); the run folder is
     ``out / (name or algo.name)``.
@@ -113,13 +114,13 @@ def demo_config(
     AGENT's (tests use a tiny model). ``env`` and ``env_kwargs`` (default: the demo's task)
     name the task trained and evaluated on, and ``init_adapter`` the adapter it starts from
     (the sequential experiment's second stage); ``eval_samples`` samples each held-out task
-    that many times (the accuracy is their mean, pass@1)."""
+    that many times (the accuracy is their mean, pass@1); ``engine_dtype`` replaces the
+    sampler's fp32 (the learner stays fp32)."""
     from entrogym.train.config import TrainConfig
 
     env_kwargs = ENV_KWARGS if env_kwargs is None else env_kwargs
-    agent = (
-        asdict(AGENT) | ({"engine": engine} if engine else {}) | ({"model": model} if model else {})
-    )
+    given = {"engine": engine, "model": model, "engine_dtype": engine_dtype}
+    agent = asdict(AGENT) | {k: v for k, v in given.items() if v}
     evaluation: dict[str, Any] = {"eval_env": None, "eval_every": 0, "eval_tasks": None}
     if eval_tasks:  # held-out accuracy after the first and the last update (the plots' panels)
         evaluation = {"eval_env": env, "eval_env_kwargs": env_kwargs, "eval_split": "test",

@@ -72,3 +72,17 @@ def test_sweep_cells_parse_and_name_uniquely() -> None:
     assert cell_name(cell) != cell_name(other)
     with pytest.raises(ValueError, match="is not one of --lr"):
         parse_cell("grpo --lr")
+    # a bf16 sampler is its own cell; an fp32 one keeps the name it had before the key existed
+    bf16 = parse_cell("grpo --lr 5e-4 --engine-dtype bf16")
+    assert bf16["engine_dtype"] == "bf16" and cell_name(bf16).endswith("_hf_bf16")
+    assert cell_name(parse_cell("grpo --lr 5e-4")).endswith("_hf")
+
+
+def test_the_demo_config_takes_another_sampler_dtype(tmp_path) -> None:
+    from entrogym.commands.demo_runs import parse_run
+    from entrogym.demo.config import demo_config
+
+    algo = parse_run("grpo").algo
+    assert demo_config(algo, tmp_path, 2, 1e-3, 0).engine_dtype == "fp32"
+    config = demo_config(algo, tmp_path, 2, 1e-3, 0, engine_dtype="fp16")
+    assert (config.engine_dtype, config.dtype) == ("fp16", "fp32")
