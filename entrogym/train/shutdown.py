@@ -9,7 +9,10 @@ resume with --resume" and exits 128 + the signal's number (143 for SIGTERM, 130 
 
 If that takes longer than the grace period (``--shutdown-grace``, default 30 s), the process
 exits anyway with the same code; the checkpoints already written stay intact (they are
-written atomically), so at most the iterations since the last one are redone on resume.
+written atomically), so at most the iterations since the last one are redone on resume. An
+exit this abrupt skips every ``close``, so it first ends the process's own children (an
+in-process vLLM's engine core and worker, env workers that ignore the signal), which would
+otherwise outlive it holding the model's memory.
 
 A second signal (Ctrl-C twice) stops at once: :class:`StopNow` is raised wherever the main
 thread is, abandoning the step in progress (a checkpoint being written is removed again); the
@@ -22,10 +25,13 @@ signal that arrives while the model loads stops the run before its first iterati
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import threading
+import time
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -94,6 +100,7 @@ class ShutdownRequest:
         if self.signals > 2:  # the stop itself hangs
             print(f"{self.prog}: stopping now. interrupted; resume with --resume",
                   file=sys.stderr, flush=True)  # fmt: skip
+            end_children()
             os._exit(128 + (self.signum or signum))
         self.signum = signum
         print(
@@ -116,6 +123,7 @@ class ShutdownRequest:
             file=sys.stderr,
             flush=True,
         )
+        end_children()
         os._exit(128 + self.signum)
 
     def interrupted(self, checkpoint: str | None) -> Interrupted:
@@ -139,3 +147,37 @@ class ShutdownRequest:
         )
         name = signal.Signals(self.signum).name
         return Interrupted(self.signum, f"{name}, then a second signal: stopped at once; {where}")
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes ``pid`` started, and theirs, read from ``/proc`` (Linux; elsewhere none),
+    parents before their children."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):  # the process ended while being read
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def end_children(wait_s: float = 2.0) -> None:
+    """SIGTERM this process's descendants, then SIGKILL those still alive after ``wait_s``
+    (env workers ignore SIGTERM on purpose): the last act before an exit that skips ``close``."""
+    pids = descendants(os.getpid())
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):  # it ended already
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait_s
+        while sig == signal.SIGTERM and time.monotonic() < deadline:
+            if not any(Path(f"/proc/{pid}").exists() for pid in pids):
+                return
+            time.sleep(0.05)
