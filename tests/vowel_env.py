@@ -60,3 +60,18 @@ RESUMABLE_RUN = {
     "lr": 1e-2,
     "max_grad_norm": 1.0,
 }
+
+
+def option_words(settings: dict) -> list[str]:
+    """``settings`` as ``entrogym train`` options (``--tasks-per-iter 2 ...``): what a test
+    that starts the command in a subprocess passes. An algorithm is one of the presets
+    unchanged, written as its name."""
+    from entrogym.algos import AlgorithmConfig
+
+    words: list[str] = []
+    for key, value in settings.items():
+        if isinstance(value, AlgorithmConfig):
+            assert value == get_algorithm(value.name), "only an unchanged preset has a name"
+            value = value.name
+        words += [f"--{key.replace('_', '-')}", str(value)]
+    return words

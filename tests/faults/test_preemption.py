@@ -59,8 +59,7 @@ def references(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]
 
 def _start(out: Path, setup: str, resume: bool = False) -> subprocess.Popen:
     args = ["train", "--out", str(out), "--iterations", str(ITERATIONS)]
-    for key, value in _settings(setup).items():
-        args += [f"--{key.replace('_', '-')}", str(value)]
+    args += vowel_env.option_words(_settings(setup))
     if resume:
         args += ["--resume"]
     pythonpath = os.pathsep.join([str(REPO / "tests"), str(REPO / "tests" / "faults")])

@@ -36,9 +36,10 @@ def start_train(
     out: Path, settings: dict[str, Any], iterations: int, *, resume: bool = False, fault: str = ""
 ) -> subprocess.Popen:
     """``entrogym train --out OUT --iterations ITERATIONS`` with ``settings`` as options."""
+    from vowel_env import option_words
+
     args = ["train", "--out", str(out), "--iterations", str(iterations)]
-    for key, value in settings.items():
-        args += [f"--{key.replace('_', '-')}", str(value)]
+    args += option_words(settings)
     if resume:
         args += ["--resume", "true"]
     pythonpath = os.pathsep.join(str(p) for p in (REPO, REPO / "tests", REPO / "tests" / "faults"))
