@@ -27,7 +27,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 from bench_common import Workload  # noqa: E402
 from bench_report import timed_index  # noqa: E402
-from roofline import DecodeShape, bounds, measure_rates  # noqa: E402
+from roofline import DecodeShape, bounds, measure_rates, timed_generation  # noqa: E402
 
 
 def timed_prompts(work: Workload) -> list[list[int]]:
@@ -112,18 +112,7 @@ def time_generation(work: Workload, engine: str, dtype: str, prompts, reps: int)
         with sampler:
             sampler.generate(prompts[:1], SamplingParams(max_tokens=4), adapter=adapters[0])
             for adapter in adapters[1:]:
-                t0 = time.perf_counter()
-                out = sampler.generate(prompts, params, adapter=adapter)
-                seconds = time.perf_counter() - t0
-                tokens = sum(len(c.token_ids) for c in out)
-                runs.append(
-                    {
-                        "tokens_per_s": round(tokens / seconds, 1),
-                        "seconds": round(seconds, 2),
-                        "tokens": tokens,
-                        "load_1min": round(os.getloadavg()[0], 2),
-                    }
-                )
+                runs.append(timed_generation(sampler, prompts, params, adapter))
     return {
         "startup_s": round(startup, 1),
         "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs),

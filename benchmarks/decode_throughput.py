@@ -20,7 +20,6 @@ measured time but not in the bound, so the fraction is a lower bound.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import tempfile
 import time
@@ -29,7 +28,7 @@ from pathlib import Path
 import torch
 from demo_workload import AGENT, demo_prompts
 from jsonargparse import ArgumentParser
-from roofline import DecodeShape, bounds, measure_rates, roofline_fraction
+from roofline import DecodeShape, bounds, measure_rates, roofline_fraction, timed_generation
 
 from entrogym.agents.engines import SamplingParams, make_engine
 from entrogym.dtypes import cpu_has_bf16
@@ -60,17 +59,7 @@ def measure(decode: str, dtype: str, prompts, params, policy, folder: Path, args
         engine.generate(prompts[:1], SamplingParams(max_tokens=4))
         for rep in range(args.repeats):
             adapter = publish(policy, folder, rep + 1)
-            t0 = time.perf_counter()
-            out = engine.generate(prompts, params, adapter=adapter)
-            seconds = time.perf_counter() - t0
-            tokens = sum(len(c.token_ids) for c in out)
-            runs.append(
-                {
-                    "tokens_per_s": round(tokens / seconds, 1),
-                    "seconds": round(seconds, 2),
-                    "load_average": [round(x, 2) for x in os.getloadavg()],
-                }
-            )
+            runs.append(timed_generation(engine, prompts, params, adapter))
     return {
         "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs),
         "startup_s": round(startup, 1),

@@ -144,3 +144,20 @@ def roofline_fraction(tokens_per_s: float, bound: dict[str, Any]) -> float:
     """``generation_roofline_fraction``: tokens/s over the lower of the two bounds."""
     ceiling = min(bound["flop_bound_tokens_per_s"], bound["byte_bound_tokens_per_s"])
     return round(tokens_per_s / ceiling, 3)
+
+
+def timed_generation(engine: Any, prompts: list[Any], params: Any, adapter: Any) -> dict[str, Any]:
+    """One timed ``engine.generate`` of the whole batch: tokens/s, seconds, tokens and the
+    1-minute load average at its end (what each repetition of a generation row records)."""
+    import os
+
+    t0 = time.perf_counter()
+    out = engine.generate(prompts, params, adapter=adapter)
+    seconds = time.perf_counter() - t0
+    tokens = sum(len(c.token_ids) for c in out)
+    return {
+        "tokens_per_s": round(tokens / seconds, 1),
+        "seconds": round(seconds, 2),
+        "tokens": tokens,
+        "load_1min": round(os.getloadavg()[0], 2),
+    }
