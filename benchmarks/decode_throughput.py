@@ -31,7 +31,7 @@ from jsonargparse import ArgumentParser
 from roofline import DecodeShape, bounds, measure_rates, roofline_fraction, timed_generation
 
 from entrogym.agents.engines import SamplingParams, make_engine
-from entrogym.dtypes import cpu_has_bf16
+from entrogym.dtypes import cpu_has_native
 from entrogym.dtypes import torch_dtype as torch_dtype_of
 from entrogym.models import resolve_model
 from entrogym.train.policy import LoraSettings, load_policy, save_adapter
@@ -87,11 +87,11 @@ def main(argv: list[str] | None = None) -> int:
         "prompts": len(prompts),
         "budget": args.budget,
         "torch_threads": torch.get_num_threads(),
-        "bf16_supported": cpu_has_bf16(),
+        "bf16_supported": cpu_has_native("bf16"),
     }
     with tempfile.TemporaryDirectory() as tmp:
         for dtype in args.dtypes:
-            if dtype == "bf16" and not cpu_has_bf16():
+            if dtype == "bf16" and not cpu_has_native("bf16"):
                 result[dtype] = {"skipped": "this CPU has no native bf16"}
                 continue
             torch_dtype = torch_dtype_of(dtype)

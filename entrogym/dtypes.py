@@ -6,6 +6,8 @@ engine takes any of the three.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal, get_args
 
 if TYPE_CHECKING:
@@ -42,38 +44,46 @@ def bf16_round(values: torch.Tensor) -> torch.Tensor:
 # What a sampler's dtype option takes: a dtype name, or ``auto`` (resolved per device).
 EngineDTypeName = Literal["auto", "fp32", "bf16", "fp16"]
 ENGINE_DTYPE_NAMES: tuple[str, ...] = get_args(EngineDTypeName)
-# CPU flags of native bf16 arithmetic: x86's AVX512-BF16 and AMX-BF16, Arm's BF16 extension.
-BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+# CPU flags (x86 ``flags`` / aarch64 ``Features`` in /proc/cpuinfo) that mean native matmuls
+# in the dtype; without them oneDNN emulates it through fp32, slower than fp32 and less exact.
+NATIVE_CPU_FLAGS: dict[str, tuple[str, ...]] = {
+    "bf16": ("avx512_bf16", "amx_bf16", "bf16"),
+    "fp16": ("avx512_fp16", "amx_fp16", "asimdhp"),
+}
 
 
-def cpu_flags() -> frozenset[str] | None:
-    """This CPU's feature flags from ``/proc/cpuinfo`` (x86 ``flags``, Arm ``Features``); None
-    where that file is missing or lists none (not Linux)."""
+def cpu_flags(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> frozenset[str]:
+    """The CPU's feature flags, or an empty set where /proc/cpuinfo is not readable."""
     try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            text = fh.read()
+        text = Path(cpuinfo).read_text()
     except OSError:
-        return None
+        return frozenset()
     flags: set[str] = set()
     for line in text.splitlines():
         key, _, value = line.partition(":")
         if key.strip() in ("flags", "Features"):
             flags.update(value.split())
-    return frozenset(flags) or None
+    return frozenset(flags)
 
 
-def cpu_has_bf16() -> bool:
-    """Whether this CPU computes bf16 natively (a flag of :data:`BF16_CPU_FLAGS`).
-
-    Without one torch still runs bf16, emulated through fp32: slower than fp32 and less exact.
-    The flags decide where they can be read; elsewhere torch's oneDNN probe does, which is
-    looser (it also says yes for plain AVX-512, where oneDNN emulates bf16)."""
-    flags = cpu_flags()
-    if flags is not None:
-        return bool(flags & BF16_CPU_FLAGS)
+def cpu_has_native(dtype: str | torch.dtype, flags: frozenset[str] | None = None) -> bool:
+    """Whether this CPU computes ``dtype`` (a name or a ``torch.dtype``) natively; fp32 always.
+    The flags decide where they can be read; elsewhere (macOS, ...) oneDNN's probe does, which
+    knows the ISA it dispatches to."""
+    name = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
+    name = {torch_name: short for short, torch_name in _TORCH_NAMES.items()}.get(name, name)
+    if name not in NATIVE_CPU_FLAGS:
+        return True
+    flags = cpu_flags() if flags is None else flags
+    if flags:
+        return any(f in flags for f in NATIVE_CPU_FLAGS[name])
     import torch
 
-    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    probe = "_is_mkldnn_bf16_supported" if name == "bf16" else "_is_mkldnn_fp16_supported"
+    try:
+        return bool(getattr(torch.ops.mkldnn, probe)())
+    except (AttributeError, RuntimeError):
+        return False
 
 
 def cuda_has_bf16() -> bool:

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from pathlib import Path
 
 import torch
 
-from entrogym.dtypes import DTYPE_NAMES, torch_dtype
+from entrogym.dtypes import DTYPE_NAMES, NATIVE_CPU_FLAGS, cpu_has_native, torch_dtype
 
 DTYPES: dict[str, torch.dtype] = {name: torch_dtype(name) for name in DTYPE_NAMES}
 _ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
@@ -38,43 +37,6 @@ def _probe(dtype: torch.dtype, device: torch.device) -> None:
     torch.softmax(x @ w, -1).sum().backward()
 
 
-# CPU flags (x86 ``flags`` / aarch64 ``Features`` in /proc/cpuinfo) that mean native matmuls
-# in the dtype; without them oneDNN emulates it through fp32 and it is slower than fp32.
-_NATIVE_CPU_FLAGS: dict[torch.dtype, tuple[str, ...]] = {
-    torch.bfloat16: ("avx512_bf16", "amx_bf16", "bf16"),
-    torch.float16: ("avx512_fp16", "amx_fp16", "asimdhp"),
-}
-
-
-def cpu_flags(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> frozenset[str]:
-    """The CPU's feature flags, or an empty set where /proc/cpuinfo is not readable."""
-    try:
-        text = Path(cpuinfo).read_text()
-    except OSError:
-        return frozenset()
-    flags: set[str] = set()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            flags.update(value.split())
-    return frozenset(flags)
-
-
-def cpu_has_native(dtype: torch.dtype, flags: frozenset[str] | None = None) -> bool:
-    """Whether this CPU computes ``dtype`` matmuls natively (fp32 always)."""
-    if dtype not in _NATIVE_CPU_FLAGS:
-        return True
-    flags = cpu_flags() if flags is None else flags
-    if flags:
-        return any(f in flags for f in _NATIVE_CPU_FLAGS[dtype])
-    # No /proc/cpuinfo (macOS, ...): ask oneDNN, which knows the ISA it dispatches to.
-    probe = "_is_mkldnn_bf16_supported" if dtype == torch.bfloat16 else "_is_mkldnn_fp16_supported"
-    try:
-        return bool(getattr(torch.ops.mkldnn, probe)())
-    except (AttributeError, RuntimeError):
-        return False
-
-
 def check_device_dtype(device: str | torch.device, dtype: torch.dtype) -> torch.device:
     """Fail early, with what to do, when ``device`` cannot run ``dtype``."""
     device = torch.device(device)
@@ -86,7 +48,7 @@ def check_device_dtype(device: str | torch.device, dtype: torch.dtype) -> torch.
         )
     if device.type == "cpu" and not cpu_has_native(dtype):
         name = next(k for k, v in DTYPES.items() if v == dtype)
-        wanted = " or ".join(_NATIVE_CPU_FLAGS[dtype][:2]).upper()
+        wanted = " or ".join(NATIVE_CPU_FLAGS[name][:2]).upper()
         raise ValueError(
             f"dtype={name!r}: this CPU has no native {name} arithmetic (no {wanted} flag), so "
             f"{name} would be emulated and slower than fp32; use dtype='fp32'"

@@ -7,10 +7,11 @@ import os
 import pytest
 import torch
 
-from entrogym.train import precision
+from entrogym import dtypes
+from entrogym.dtypes import cpu_flags, cpu_has_native
 from entrogym.train.logprobs import sequence_logprobs
 from entrogym.train.policy import apply_lora, load_base_model
-from entrogym.train.precision import apply_threads, check_device_dtype, cpu_flags, cpu_has_native
+from entrogym.train.precision import apply_threads, check_device_dtype
 
 NATIVE_BF16 = cpu_has_native(torch.bfloat16)
 
@@ -28,7 +29,7 @@ def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
 
 
 def test_bf16_on_a_cpu_without_it_says_so_and_suggests_fp32(monkeypatch):
-    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"fpu", "avx2"}))
+    monkeypatch.setattr(dtypes, "cpu_flags", lambda: frozenset({"fpu", "avx2"}))
     with pytest.raises(ValueError, match="no native bf16.*AVX512_BF16.*use dtype='fp32'"):
         check_device_dtype("cpu", torch.bfloat16)
     with pytest.raises(ValueError, match="no native fp16"):

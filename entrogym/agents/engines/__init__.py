@@ -75,12 +75,12 @@ def resolve_engine_dtype(dtype: str, kind: str, urls: list[str] | None = None) -
     servers (their own ``--dtype`` applies). An explicit ``bf16`` on a CPU without native bf16
     is a ValueError naming ``--engine-dtype fp32``: emulated bf16 is slower than fp32 and less
     exact."""
-    from entrogym.dtypes import cpu_has_bf16, cuda_has_bf16
+    from entrogym.dtypes import cpu_has_native, cuda_has_bf16
 
     device = engine_device(kind, urls)
     if device is None or dtype not in ("auto", "bf16"):
         return dtype
-    native = cpu_has_bf16() if device == "cpu" else cuda_has_bf16()
+    native = cpu_has_native("bf16") if device == "cpu" else cuda_has_bf16()
     if dtype == "auto":
         return "bf16" if native else "fp32"
     if device == "cpu" and not native:
