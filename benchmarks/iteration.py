@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 from bench_common import DEMO, PeakRss, Workload
-from bench_report import build_report, table
+from bench_report import build_report, table, timed_index
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
@@ -210,11 +210,29 @@ def main(argv: list[str] | None = None) -> int:
                 out = run_worker(commands[name], result, args.timeout)
                 out["load_1min"] = load
                 runs[name].append(out)
-        generation = measure_generation(args, work_file, result, runs["entrogym"][0])
+                print(progress_line(rep, args.reps, name, out), file=sys.stderr, flush=True)
+        generation = None
+        if args.device == "cpu":
+            generation = measure_generation(args, work_file, result, runs["entrogym"][0])
+        else:  # roofline.py measures the CPU's rates; the CUDA sampler's bound is another one
+            print(
+                "roofline: skipped (--device cuda; roofline.py bounds CPU generation)",
+                file=sys.stderr,
+            )
     report = build_report(runs, args, work.settings, generation)
     print(json.dumps(report, indent=1))
     print(table(report), file=sys.stderr)  # for people; stdout stays one JSON document
     return 0
+
+
+def progress_line(rep: int, reps: int, name: str, out: dict) -> str:
+    """One line per finished worker, so that a run cut off by its time limit leaves its
+    repetitions so far (the table and the JSON come only at the end)."""
+    timed = out["iterations"][timed_index(len(out["iterations"]))]
+    return (
+        f"rep {rep + 1}/{reps} {name}: {timed['seconds']:.2f} s timed iteration, "
+        f"start-up {out.get('startup_s', float('nan')):.1f} s, load {out['load_1min']:.2f}"
+    )
 
 
 def measure_generation(

@@ -9,7 +9,8 @@ in fp32, so the log-probs are fp32 even when the model computes in bf16/fp16, an
 
 * ``impl="chunked"``: a custom autograd Function that walks the tokens in chunks and recomputes
   each chunk's logits in backward (default on CPU);
-* ``impl="cce"``: Apple's Cut Cross-Entropy kernel (default on CUDA);
+* ``impl="cce"``: Apple's Cut Cross-Entropy forward kernel, with the exact chunked backward
+  (default on CUDA: CCE's own backward takes only 16-bit inputs);
 * ``impl="torch_compile"``: Cut Cross-Entropy's ``torch.compile`` path, which runs anywhere but
   materialises the logits inside its compiled graph (kept for comparison; see the benchmark).
 """
@@ -86,37 +87,79 @@ def _chunk_logp(z: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
     return logp, m + torch.log(total)
 
 
+def _chunked_logp_lse(hidden: Tensor, weight: Tensor, targets: Tensor, rows: int):
+    """fp32 log-probs of the targets and logsumexps, ``rows`` tokens' logits at a time."""
+    logp = hidden.new_empty(hidden.shape[0])
+    lse = hidden.new_empty(hidden.shape[0])
+    for s in range(0, hidden.shape[0], rows):
+        logp[s : s + rows], lse[s : s + rows] = _chunk_logp(
+            hidden[s : s + rows] @ weight.T, targets[s : s + rows]
+        )
+    return logp, lse
+
+
 class _ChunkedLogprob(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, rows: int, softmax_fix: bool):
-        logp = hidden.new_empty(hidden.shape[0])
-        lse = hidden.new_empty(hidden.shape[0])
-        for s in range(0, hidden.shape[0], rows):
-            logp[s : s + rows], lse[s : s + rows] = _chunk_logp(
-                hidden[s : s + rows] @ weight.T, targets[s : s + rows]
-            )
+        logp, lse = _chunked_logp_lse(hidden, weight, targets, rows)
         ctx.save_for_backward(hidden, weight, targets, lse, logp)
         ctx.rows, ctx.softmax_fix = rows, softmax_fix
         return logp
 
     @staticmethod
     def backward(ctx, grad):
-        hidden, weight, targets, lse, logp = ctx.saved_tensors
-        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        grad_h = torch.zeros_like(hidden) if need_h else None
-        grad_w = torch.zeros_like(weight) if need_w else None
-        for s in range(0, hidden.shape[0], ctx.rows):
-            sl = slice(s, s + ctx.rows)
-            t, g = targets[sl, None], grad[sl]
-            p = (hidden[sl] @ weight.T).sub_(lse[sl, None]).exp_()
-            coef = target_gradient_coefficient(logp[sl], p.gather(1, t).squeeze(1), ctx.softmax_fix)
-            gz = p.mul_(-g[:, None])
-            gz.scatter_(1, t, (g * coef)[:, None])
-            if need_h:
-                grad_h[sl] = gz @ weight
-            if need_w:
-                grad_w.addmm_(gz.T, hidden[sl])
-        return grad_h, grad_w, None, None, None
+        return (*_exact_logprob_grads(ctx, grad), None, None, None)
+
+
+def _exact_logprob_grads(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:
+    """d logp / d (hidden, weight) in fp32 chunks, each chunk's logits recomputed from the saved
+    lse (the backward of both the chunked and the CCE-forward paths)."""
+    hidden, weight, targets, lse, logp = ctx.saved_tensors
+    need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    grad_h = torch.zeros_like(hidden) if need_h else None
+    grad_w = torch.zeros_like(weight) if need_w else None
+    for s in range(0, hidden.shape[0], ctx.rows):
+        sl = slice(s, s + ctx.rows)
+        t, g = targets[sl, None], grad[sl]
+        p = (hidden[sl] @ weight.T).sub_(lse[sl, None]).exp_()
+        coef = target_gradient_coefficient(logp[sl], p.gather(1, t).squeeze(1), ctx.softmax_fix)
+        gz = p.mul_(-g[:, None])
+        gz.scatter_(1, t, (g * coef)[:, None])
+        if need_h:
+            grad_h[sl] = gz @ weight
+        if need_w:
+            grad_w.addmm_(gz.T, hidden[sl])
+    return grad_h, grad_w
+
+
+class _CceForwardLogprob(torch.autograd.Function):
+    """Cut Cross-Entropy's fused forward on fp32 inputs, then the exact chunked fp32 backward.
+
+    CCE's own backward kernel takes only bf16/fp16 embeddings (cut-cross-entropy 25.1 asserts
+    it), and feeding it 16-bit inputs would give up the fp32 log-probs this module exists for.
+    Its forward runs in fp32 and never holds the logits; the backward recomputes each chunk's
+    logits from lse = z_target - logp, as :class:`_ChunkedLogprob` does.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, rows: int, softmax_fix: bool):
+        from cut_cross_entropy import linear_cross_entropy
+
+        loss = linear_cross_entropy(hidden, weight, targets, reduction="none", filter_eps=None)
+        logp = -loss.float()
+        lse = (hidden * weight[targets]).sum(-1) - logp
+        if softmax_fix:
+            # The kernel rounds 1 - p to 0 for confident tokens; rescore those rows exactly.
+            sure = (logp > _CCE_RECOMPUTE_LOGP).nonzero().squeeze(1)
+            if sure.numel():
+                logp[sure], lse[sure] = _chunked_logp_lse(hidden[sure], weight, targets[sure], rows)
+        ctx.save_for_backward(hidden, weight, targets, lse, logp)
+        ctx.rows, ctx.softmax_fix = rows, softmax_fix
+        return logp
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (*_exact_logprob_grads(ctx, grad), None, None, None)
 
 
 class _ChunkedEntropy(torch.autograd.Function):
@@ -201,13 +244,14 @@ def token_logprobs(
     rows = _chunk_rows(w.shape[0], chunk_size)
     if impl == "chunked":
         logp = _ChunkedLogprob.apply(h, w, t, rows, softmax_fix)
+    elif impl == "cce":
+        logp = _CceForwardLogprob.apply(h, w, t, rows, softmax_fix)
     else:
         from cut_cross_entropy import linear_cross_entropy
 
-        kwargs = {"filter_eps": None} if impl == "cce" else {}
-        logp = -linear_cross_entropy(h, w, t, reduction="none", impl=impl, **kwargs).float()
+        logp = -linear_cross_entropy(h, w, t, reduction="none", impl=impl).float()
         if softmax_fix:
-            # The kernels round 1 - p to 0 for confident tokens; rescore those rows exactly.
+            # The compiled path rounds 1 - p to 0 for confident tokens; rescore those exactly.
             sure = (logp.detach() > _CCE_RECOMPUTE_LOGP).nonzero().squeeze(1)
             if sure.numel():
                 exact = _ChunkedLogprob.apply(h[sure], w, t[sure], rows, True)

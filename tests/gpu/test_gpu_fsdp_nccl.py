@@ -33,7 +33,7 @@ def test_fsdp2_on_nccl_matches_the_unsharded_model(tmp_path):
     out = tmp_path / "result.pt"
     env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
     env["MASTER_PORT"] = str(_free_port())
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS / "train"), env.get("PYTHONPATH")]))
     cmd = [sys.executable, __file__, resolve_model("tiny-random-llama"), str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]

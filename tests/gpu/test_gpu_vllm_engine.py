@@ -18,6 +18,7 @@ MODEL = "tiny-random-llama"
 
 
 def test_vllm_on_cuda_samples_what_the_trainer_scores():
+    pytest.importorskip("vllm", reason="needs vLLM's CUDA build: pip install -e .[gpu]")
     path = resolve_model(MODEL)
     agent = LLMAgent(AutoTokenizer.from_pretrained(path), max_context=256)
     prompts = [agent.start(f"What is {i} + {i}?").token_ids for i in range(4)]

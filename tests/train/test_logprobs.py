@@ -323,6 +323,40 @@ def test_bad_options_raise():
         token_logprobs(h, w, t, chunk_size=0)
 
 
+def _kernel_like_cce(hidden, weight, targets, reduction, filter_eps):
+    """CPU stand-in for CCE's fused forward: lse - z_t from fp32 logits, as the kernel returns
+    it (confident rows come out as 0, the rounding the softmax fix repairs)."""
+    assert reduction == "none" and filter_eps is None
+    z = hidden @ weight.T
+    return torch.logsumexp(z, -1) - z.gather(1, targets[:, None]).squeeze(1)
+
+
+def test_cce_forward_path_has_the_exact_fp32_backward(monkeypatch):
+    # CCE's backward takes only 16-bit inputs, so the cce impl pairs its fp32 forward with the
+    # chunked backward. The real kernel runs in the gpu test; here its forward is a CPU double.
+    import cut_cross_entropy
+
+    from entrogym.train import lm_head_kernels
+
+    monkeypatch.setattr(cut_cross_entropy, "linear_cross_entropy", _kernel_like_cce)
+    gen = torch.Generator().manual_seed(1)
+    hidden, weight = torch.randn(10, 8, generator=gen), torch.randn(64, 8, generator=gen)
+    targets = torch.randint(0, 64, (10,), generator=gen)
+    conf_h, conf_w, conf_t = _confident_case()
+    for h, w, t in ((hidden, weight, targets), (conf_h, conf_w, conf_t)):
+        h, w = h.clone().requires_grad_(), w.clone().requires_grad_()
+        logp = lm_head_kernels._CceForwardLogprob.apply(h, w, t, 4, True)
+        grad_h, grad_w = torch.autograd.grad(logp.sum(), (h, w))
+        h64, w64 = h.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+        ref = torch.log_softmax(h64 @ w64.T, -1).gather(1, t[:, None]).squeeze(1)
+        ref_h, ref_w = torch.autograd.grad(ref.sum(), (h64, w64))
+        assert (logp.detach().double() - ref.detach()).abs().max() <= TOL
+        assert torch.allclose(grad_h.double(), ref_h, rtol=1e-4, atol=1e-6)
+        assert torch.allclose(grad_w.double(), ref_w, rtol=1e-4, atol=1e-6)
+    # the confident row: the double returned logp = 0, the exact rescoring keeps 1 - p > 0
+    assert logp.item() < 0 and grad_w[7].abs().max() > 0
+
+
 def test_resolve_model_path_is_used_by_policy_loader():
     # sequence_logprobs needs only a transformers model: a plain (non-peft) one works too
     model = load_base_model(resolve_model("tiny-random-llama"))
