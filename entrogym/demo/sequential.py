@@ -182,6 +182,26 @@ class Plan:
                             **run_record(config, folder, wall)})  # fmt: skip
         return records
 
+    def reused_passes(self) -> list[dict[str, Any]]:
+        """pass@k on A from ``stage1_from``'s own ``summary.json``, when it scored the same task
+        with the same tasks, samples, engine and model (pass@k does not depend on task B);
+        else none, and they are scored again."""
+        summary_file = self.stage1_from / "summary.json" if self.stage1_from else None
+        if summary_file is None or not summary_file.is_file():
+            return []
+        done = json.loads(summary_file.read_text())
+        same = ("pass_tasks", "pass_samples", "engine", "model")
+        if done["pair"]["a"] != asdict(self.pair.a) or any(
+            done["settings"].get(k) != getattr(self, k) for k in same
+        ):
+            return []
+        passes = [{"label": r["label"], "seed": r["seed"], "pass_at_k": r["stage1"]["pass_at_k"]}
+                  for r in done["runs"]]  # fmt: skip
+        if done["base"]["pass_at_k"] is not None and self.seeds[0] in done["settings"]["seeds"]:
+            passes.append({"label": "base model", "seed": self.seeds[0],
+                           "pass_at_k": done["base"]["pass_at_k"]})  # fmt: skip
+        return passes
+
     def pass_job(self, label: str, seed: int, adapter: str | None) -> PassJob:
         return PassJob(label, seed, self.pair.a, adapter, self.pass_tasks,
                        self.pass_samples, self.threads, self.engine, self.model)  # fmt: skip
@@ -215,13 +235,19 @@ def run_sequential(plan: Plan) -> dict[str, Any]:
     else:
         stage1 = plan.reused_stage1()
         print(f"stage 1: reused from {plan.stage1_from}", flush=True)
+    reused = plan.reused_passes()
+    scored = {(r["label"], r["seed"]) for r in reused}
     second: list[TrainJob | PassJob] = [plan.stage2_job(r) for r in stage1]
     second += [plan.pass_job(r["label"], r["seed"], final_adapter(Path(r["folder"])))
-               for r in stage1]  # fmt: skip
-    second.append(plan.pass_job("base model", plan.seeds[0], None))
+               for r in stage1 if (r["label"], r["seed"]) not in scored]  # fmt: skip
+    if ("base model", plan.seeds[0]) not in scored:
+        second.append(plan.pass_job("base model", plan.seeds[0], None))
+    passes = len(second) - len(stage1)
     print(f"stage 2: {len(stage1)} run(s) on task B ({plan.stage2_iterations} iterations), "
-          f"and pass@k of {len(stage1) + 1} policies on A", flush=True)  # fmt: skip
-    results = run_jobs(second, plan.workers, run_sequential_job, announce)
+          f"and pass@k of {passes} policies on A"
+          + (f" ({len(reused)} reused from {plan.stage1_from})" if reused else ""),
+          flush=True)  # fmt: skip
+    results = reused + run_jobs(second, plan.workers, run_sequential_job, announce)
     summary = summarize(plan, stage1, results, time.perf_counter() - start)
     plan.out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(plan.out / "summary.json", json.dumps(summary, indent=2) + "\n")

@@ -49,8 +49,11 @@ def test_sequential_runs_both_stages_and_writes_the_summary(
     again = tmp_path / "again"
     argv = ["sequential", *TINY, "--out", str(again), "--runs", *runs, "--stage1-from", str(out)]
     assert main(argv) == 0, capsys.readouterr().err
+    assert "(3 reused from" in capsys.readouterr().out  # pass@k on A is not scored again
     reused = json.loads((again / "summary.json").read_text())
+    assert reused["base"] == summary["base"]
     for first, second in zip(summary["runs"], reused["runs"], strict=True):
+        assert second["stage1"]["pass_at_k"] == first["stage1"]["pass_at_k"]
         assert second["stage1"]["entropy"] == first["stage1"]["entropy"]
         assert second["stage1"]["folder"] == first["stage1"]["folder"]
         assert str(again) in second["stage2"]["folder"]
