@@ -89,7 +89,9 @@ def run_cell(cell: dict[str, Any], out: Path) -> dict[str, Any]:
     run = train_one(cfg)
     rows = read_metrics(Path(run["folder"]))
     rows_t = [r for r in rows if r.get("kind", "train") == "train"]
-    entropy = [r["entropy"] for r in rows_t]
+    # the estimator the controller tracks (its target is in those terms); the sampled
+    # surprisal beside it. Rows written before entropy_tracked was logged hold only the latter.
+    entropy = [r.get("entropy_tracked", r["entropy"]) for r in rows_t]
     target = filled_targets([r["entropy_target"] for r in rows_t], entropy)
     lever = cfg.algo.lever.name
     coefficient = next((k for k in COEFFICIENTS if rows_t[0].get(k) is not None and
@@ -101,6 +103,7 @@ def run_cell(cell: dict[str, Any], out: Path) -> dict[str, Any]:
         "wall_s": run["wall_s"],
         "load_avg_end": os.getloadavg()[0],
         "entropy": entropy,
+        "entropy_sampled": [r["entropy"] for r in rows_t],
         "entropy_target": target,
         "tracking_error": tracking_error(entropy, target),
         "max_excursion": max_excursion(entropy, target, start=FIRST_TRACKED),
