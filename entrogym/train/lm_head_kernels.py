@@ -132,7 +132,7 @@ def _exact_logprob_grads(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | Non
     return grad_h, grad_w
 
 
-class _CceForwardLogprob(torch.autograd.Function):
+class _CceForwardLogprob(_ChunkedLogprob):
     """Cut Cross-Entropy's fused forward on fp32 inputs, then the exact chunked fp32 backward.
 
     CCE's own backward kernel takes only bf16/fp16 embeddings (cut-cross-entropy 25.1 asserts
@@ -155,11 +155,7 @@ class _CceForwardLogprob(torch.autograd.Function):
                 logp[sure], lse[sure] = _chunked_logp_lse(hidden[sure], weight, targets[sure], rows)
         ctx.save_for_backward(hidden, weight, targets, lse, logp)
         ctx.rows, ctx.softmax_fix = rows, softmax_fix
-        return logp
-
-    @staticmethod
-    def backward(ctx, grad):
-        return (*_exact_logprob_grads(ctx, grad), None, None, None)
+        return logp  # the backward is _ChunkedLogprob's
 
 
 class _ChunkedEntropy(torch.autograd.Function):
