@@ -18,10 +18,10 @@ import typing
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from entrogym.commands.algo_text import algo_args_mapping, convert_text, typed_spec
 from entrogym.commands.lab_runs import entry_spec, lab_runs
 from entrogym.theory.lab_config import LabConfig, LabSettings
 from entrogym.theory.sweep import SweepCell, run_sweep, write_sweep
-from entrogym.train.algo_spec import algo_args_mapping, convert_text, typed_spec
 
 ALGO_PREFIX = "algo."
 # Chosen per sweep rather than per cell: the seeds are the sweep's own.
