@@ -40,7 +40,7 @@ def parse_cell(text: str) -> dict[str, Any]:
     """``"PRESET [--algo... options] [--lr X --iters N --seed S ...]"`` -> settings."""
     import shlex
 
-    from entrogym.train.algo_spec import split_algo_args
+    from entrogym.commands.algo_text import split_algo_args
 
     words = shlex.split(text)
     algo_words, rest = split_algo_args(words[1:])

@@ -9,7 +9,7 @@ the form YAML files hold::
 
 A part given by name alone (``"controller": "pi"``) starts from that part's defaults; knobs
 without a name change the preset's part. Adding a lever to a preset that has none gives it the
-lever's default controller. Nothing here reads text (``entrogym.train.algo_spec`` does).
+lever's default controller. Nothing here reads text (``entrogym.commands.algo_text`` does).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ typed values. A part that lives outside entrogym is named ``module:name``: the m
 imported first (so its ``@register`` lines run), as Gymnasium does for env ids.
 
 Nothing here reads text: command-line strings are converted to typed values by the options
-layer (``entrogym.train.algo_spec``), which asks a part's ``Params`` for the field types.
+layer (``entrogym.commands.algo_text``), which asks a part's ``Params`` for the field types.
 """
 
 from __future__ import annotations

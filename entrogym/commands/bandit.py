@@ -1,17 +1,19 @@
 """``entrogym bandit``: the tabular theory lab (every preset on ``entrogym/Bandit-v0``).
 
-``entrogym bandit sweep ...`` runs the lab over a grid of knobs (``entrogym.theory.sweep``).
+``entrogym bandit sweep ...`` runs the lab over a grid of knobs
+(``entrogym.commands.bandit_sweep``).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from entrogym.commands.lab_runs import DEFAULT_ALGOS, lab_config
 from entrogym.commands.options import make_parser, parse_options, run_command
-from entrogym.theory.lab import LabConfig
+from entrogym.theory.lab_config import LabConfig, LabSettings
 
 PROG = "entrogym bandit"
 DESCRIPTION = (
@@ -23,28 +25,28 @@ DESCRIPTION = (
 
 
 @dataclass
-class BanditOptions(LabConfig):
-    """The lab's settings, plus where to write.
+class BanditOptions(LabSettings):
+    """The lab's settings, what it runs, and where to write.
 
     Args:
-        algos: presets or labelled variants to train, as words or comma-separated
-            (``--algos rloo,grpo "repo-d --algo.controller pi"``).
+        algos: presets or labelled variants to train (each with every seed), as words or
+            comma-separated (``--algos rloo,grpo "repo-d --algo.controller pi"``).
         algo: algorithm options applied to every chosen preset (``--algo.controller pi``);
-            lever and controller options apply to the presets that have a lever.
+            lever and controller options apply to the presets that have a lever unless they
+            name the lever. An entry's own options win.
         out: output folder (metrics.jsonl, summary.json, entropy.png).
         json: print the summary as one JSON object.
     """
 
+    algos: list[str] = field(default_factory=lambda: list(DEFAULT_ALGOS))
+    algo: dict[str, Any] = field(default_factory=dict)
     out: str = "runs/bandit"
     json: bool = False
 
     def lab(self) -> LabConfig:
         """The :class:`LabConfig` these options describe (validated)."""
-        values = {f.name: getattr(self, f.name) for f in fields(LabConfig)}
-        values["algos"] = [a.strip() for word in self.algos for a in word.split(",") if a.strip()]
-        lab = LabConfig(**values)
-        lab.validate()
-        return lab
+        entries = [a.strip() for word in self.algos for a in word.split(",") if a.strip()]
+        return lab_config(entries, self.algo, **self.settings())
 
 
 def build_parser() -> Any:
@@ -55,7 +57,7 @@ def cli(argv: list[str]) -> int:
     """``entrogym bandit --algos ... --seeds 3 --iters N --out DIR [--json]``, or
     ``entrogym bandit sweep ...`` (the grid sweep)."""
     if argv and argv[0] == "sweep":
-        from entrogym.theory.sweep import sweep_cli
+        from entrogym.commands.bandit_sweep import sweep_cli
 
         return sweep_cli(argv[1:], prog=f"{PROG} sweep")
 

@@ -8,8 +8,14 @@ A run is a preset, or a labelled variant in the one spelling of algorithms
 
 from __future__ import annotations
 
+from entrogym.commands.algo_text import (
+    label,
+    merge_specs,
+    parse_label,
+    resolve_algorithm,
+    typed_spec,
+)
 from entrogym.demo.config import DEMO_UPDATE, DemoRun
-from entrogym.train.algo_spec import label, merge_specs, parse_label, resolve_algorithm, typed_spec
 
 
 def split_run(text: str) -> tuple[str, str]:

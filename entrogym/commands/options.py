@@ -9,7 +9,7 @@ command line, whatever the field is called:
 - a bare boolean flag ``--resume`` as well as ``--resume true`` / ``--resume false``;
 - a list as several words ``--engine-urls URL1 URL2`` or as one ``"[URL1, URL2]"``;
 - the algorithm as ``--algo repo-d --algo.controller pi --algo.controller.kp 0.3``: these
-  options are read by ``entrogym.train.algo_spec`` (one spelling for every command and label)
+  options are read by ``entrogym.commands.algo_text`` (one spelling for every command and label)
   and merged over a YAML file's ``algo:`` mapping.
 """
 
@@ -28,7 +28,7 @@ import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, get_loader, set_loader
 
 from entrogym.algos import AlgorithmConfig
-from entrogym.train.algo_spec import (
+from entrogym.commands.algo_text import (
     algo_args_mapping,
     algo_help,
     algorithm_from_options,
@@ -276,7 +276,7 @@ def parse_options(parser: ArgumentParser, argv: list[str], config_cls: type) -> 
     if not is_dataclass(config_cls):
         raise TypeError(f"{config_cls!r} is not a dataclass")
     algo_tokens: list[str] = []
-    if _has_algo(config_cls):  # --algo... options have their own reader (algo_spec)
+    if _has_algo(config_cls):  # --algo... options have their own reader (algo_text)
         algo_tokens, argv = split_algo_args(argv)
     try:
         return config_from(parse_namespace(parser, argv), config_cls, algo_tokens)

@@ -14,15 +14,14 @@ or ``entropy_sampled``); ``reward`` exact expected
 reward after the update; ``reward_sampled`` the experience's mean reward; clip fractions, KL,
 and the lever's coefficient (``zeta``, ``beta``, ``eps_high``, ...) as used in the iteration.
 
-An entry of ``LabConfig.algos`` is a preset or a labelled variant in the one spelling of
-``entrogym.train.algo_spec``: ``"repo-d --algo.controller pi --algo.controller.kp 0.3"``.
+What runs is a ``LabConfig`` (``entrogym.theory.lab_config``): the settings and the runs,
+each a label and an ``AlgorithmConfig``.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,141 +31,18 @@ import torch
 
 import entrogym  # noqa: F401  (registers entrogym/Bandit-v0)
 from entrogym.algos import (
-    ALGORITHMS,
     AlgorithmConfig,
     EntropyControl,
     UpdateBatch,
     policy_update,
     token_entropy_from_logits,
 )
-from entrogym.theory.lab_report import entry_label, summarize, write_outputs
-from entrogym.theory.tabular import INITS, TabularSoftmaxPolicy, initial_logits
+from entrogym.theory.lab_config import LabConfig, LabRun, LabSettings
+from entrogym.theory.lab_report import summarize, write_outputs
+from entrogym.theory.tabular import TabularSoftmaxPolicy, initial_logits
 from entrogym.theory.temperature import attach_temperature_samples
-from entrogym.train.algo_spec import merge_specs, parse_label, resolve_algorithm
 
-OPTIMIZERS = ("sgd", "adam")
-# Beside the paper-cap presets, `entrogym bandit` runs these variants scaled to the toy, taken
-# from the regime map in docs/bandit.md (3-seed sweeps at the lab's defaults, lr 64, 50 iters):
-# at lr 64 REPO-R holds entropy only with one optimizer step per iteration, so GRPO runs with
-# that same step count too; REPO-D and the bonus hold with a smaller cap than the paper's 10.
-# ADAPO has no variant: no clip setting held entropy in this toy (see the regime map).
-TOY_VARIANTS = (
-    "grpo --algo.epochs 1 --algo.minibatch-size none",
-    "repo-r --algo.controller.max 0.5 --algo.epochs 1 --algo.minibatch-size none",
-    "repo-d --algo.controller.max 0.5",
-    "grpo-entropy-bonus --algo.controller.max 0.2",
-)
 LOGGED_METRICS = ("clip_frac_low", "clip_frac_high", "approx_kl", "ratio_max", "loss")
-
-
-@dataclass
-class LabConfig:
-    """The bandit lab's settings (defaults: what ``entrogym bandit`` runs).
-
-    Args:
-        algos: presets to train (each with every seed).
-        seeds: seeds per preset (seed s fixes the arm means, the initial logits and sampling).
-        iters: iterations per run.
-        n_states: bandit states (one group of samples per state and iteration).
-        n_arms: arms per state.
-        samples_per_state: K, samples per state and iteration.
-        reward_noise: ``bernoulli`` rewards or the arm means themselves.
-        init: initial logits (``calibrated`` to the arm means, or another of the INITS).
-        calibration: how strongly calibrated initial logits follow the arm means.
-        init_noise: noise added to the initial logits.
-        optimizer: ``sgd`` or ``adam``.
-        lr: learning rate of the tabular logits.
-        max_grad_norm: gradient clipping (0 = none).
-        max_staleness: K, as the trainer's ``--max-staleness``: iteration i samples with the
-            policy after update i - K (0: the current one) and trains on that stale batch, with
-            the sampling policy's log-probs as the ratio's denominator (docs/async.md).
-        algo: algorithm options applied to every chosen preset (``{"controller": {"name":
-            "pi"}}``, the command line's ``--algo.controller pi``); lever and controller options
-            apply to the presets that have a lever unless they name the lever. An entry's own
-            options win.
-    """
-
-    algos: list[str] = field(default_factory=lambda: [*ALGORITHMS, *TOY_VARIANTS])
-    seeds: int = 3
-    iters: int = 50
-    n_states: int = 32
-    n_arms: int = 16
-    samples_per_state: int = 8
-    reward_noise: str = "bernoulli"
-    init: str = "calibrated"
-    calibration: float = 2.0
-    init_noise: float = 0.5
-    optimizer: str = "sgd"
-    lr: float = 64.0
-    max_grad_norm: float = 0.0
-    max_staleness: int = 0
-    algo: dict[str, Any] = field(default_factory=dict)
-
-    def validate(self) -> None:
-        if not self.algos:
-            raise ValueError(f"algos: empty list; choose from {', '.join(ALGORITHMS)}")
-        if "name" in self.algo:
-            raise ValueError(
-                "algo: the presets come from algos; give algorithm options without a preset"
-            )
-        for entry in self.algos:
-            try:
-                self.algorithm(entry)
-            except ValueError as e:
-                raise ValueError(
-                    f"algos: {entry!r}: {e} (a variant is written "
-                    "'repo-d --algo.controller pi --algo.controller.kp 0.3')"
-                ) from None
-        for name in ("seeds", "iters", "n_states"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.n_arms < 2 or self.samples_per_state < 2:
-            raise ValueError(
-                f"n_arms and samples_per_state must be >= 2 (a group needs two samples), "
-                f"got {self.n_arms}, {self.samples_per_state}"
-            )
-        if self.init not in INITS:
-            raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-        if self.max_staleness < 0:
-            raise ValueError(f"max_staleness must be >= 0, got {self.max_staleness}")
-        if self.max_grad_norm < 0:
-            raise ValueError(
-                f"max_grad_norm must be >= 0 (0 = no clipping), got {self.max_grad_norm}"
-            )
-        lever_options = {"lever", "controller"} & set(self.algo) and "name" not in _as_dict(
-            self.algo.get("lever")
-        )
-        if lever_options and not any(self._has_lever(a) for a in self.algos):
-            raise ValueError(
-                "algo: lever and controller options apply to presets with a lever, and none of "
-                f"{', '.join(self.algos)} has one"
-            )
-
-    def spec(self, entry: str) -> dict[str, Any]:
-        """The algorithm spec of entry ``entry``: the lab-wide ``algo`` options that apply to it,
-        then the entry's own (module doc)."""
-        own = parse_label(entry)
-        shared = dict(self.algo)
-        names_lever = "name" in _as_dict(shared.get("lever"))
-        if not names_lever and not self._has_lever(entry):
-            shared = {k: v for k, v in shared.items() if k not in ("lever", "controller")}
-        return merge_specs({"name": own["name"], **shared}, own)
-
-    def algorithm(self, entry: str) -> AlgorithmConfig:
-        """The algorithm entry ``entry`` runs (the lab-wide options applied)."""
-        return resolve_algorithm(self.spec(entry))
-
-    @staticmethod
-    def _has_lever(entry: str) -> bool:
-        return resolve_algorithm(parse_label(entry)).controller is not None
-
-
-def _as_dict(value: Any) -> dict[str, Any]:
-    return {"name": value} if isinstance(value, str) else dict(value or {})
 
 
 def _optimizer(lab: LabConfig, policy: torch.nn.Module) -> torch.optim.Optimizer:
@@ -252,17 +128,17 @@ def _row(policy: TabularSoftmaxPolicy, means: torch.Tensor, m: dict[str, Any]) -
 
 
 def run_one(
-    algo: str | AlgorithmConfig, seed: int, lab: LabConfig
+    run: LabRun | AlgorithmConfig, seed: int, lab: LabSettings
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """Train one preset or variant (an entry of ``LabConfig.algos``, or an ``AlgorithmConfig``,
-    e.g. with a part of yours) with one seed; return (initial exact entropy and reward, metric
-    rows).
+    """Train one run (an entry of ``LabConfig.algos``, or an ``AlgorithmConfig``, e.g. with a
+    part of yours, labelled by its preset) with one seed; return (initial exact entropy and
+    reward, metric rows).
 
     The seed fixes the bandit's arm means, the initial logits and all sampling, so every preset
     sees the same problems for the same seed.
     """
-    config = lab.algorithm(algo) if isinstance(algo, str) else algo
-    name = entry_label(algo) if isinstance(algo, str) else config.name  # a variant's label
+    run = run if isinstance(run, LabRun) else LabRun(run.name, run)
+    config, name = run.algorithm, run.label
     env, policy = _problem(lab, seed)
     optimizer = _optimizer(lab, policy)
     generator = torch.Generator().manual_seed(seed)
@@ -325,7 +201,7 @@ def run_lab(lab: LabConfig, out: Path | None = None, progress: bool = False) -> 
         torch.set_num_threads(threads)
     summary = summarize(rows, initials, lab)
     if out is not None:
-        write_outputs(Path(out), rows, summary, initials)
+        write_outputs(Path(out), rows, summary, initials, lab)
     return summary
 
 
@@ -333,10 +209,10 @@ def _run_all(lab: LabConfig, progress: bool) -> tuple[list[dict[str, Any]], dict
     rows: list[dict[str, Any]] = []
     initials: dict[tuple[str, int], dict[str, float]] = {}
     start = time.perf_counter()
-    for algo in lab.algos:
+    for run in lab.algos:
         for seed in range(lab.seeds):
-            initials[entry_label(algo), seed], algo_rows = run_one(algo, seed, lab)
-            rows += algo_rows
+            initials[run.label, seed], run_rows = run_one(run, seed, lab)
+            rows += run_rows
         if progress:
-            print(f"  {algo:<20} done ({time.perf_counter() - start:.0f}s)", file=sys.stderr)
+            print(f"  {run.label:<20} done ({time.perf_counter() - start:.0f}s)", file=sys.stderr)
     return rows, initials

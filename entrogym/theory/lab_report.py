@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +12,7 @@ import numpy as np
 from entrogym.algos import ALGORITHMS, AlgorithmConfig
 from entrogym.algos.algorithm import target_params
 from entrogym.atomic import atomic_path, atomic_write_text
-from entrogym.train.algo_spec import label as spec_label
-from entrogym.train.algo_spec import parse_label
+from entrogym.theory.lab_config import LabConfig
 from entrogym.train.target_tracking import max_excursion, tracking_error
 
 # REPO-R and ADAPO should hold entropy near the target: final within this share of the initial.
@@ -47,14 +46,9 @@ def tracking(entropy: np.ndarray, target: np.ndarray) -> tuple[float, float]:
     return float(np.mean(errors)), float(max(excursions))
 
 
-def entry_label(entry: str) -> str:
-    """An entry's label as tables show it (its spelling normalised)."""
-    return spec_label(parse_label(entry))
-
-
-def _configs(lab: Any) -> dict[str, AlgorithmConfig]:
-    """Each run's algorithm by the label rows carry (entries the lab resolves)."""
-    return {entry_label(entry): lab.algorithm(entry) for entry in getattr(lab, "algos", [])}
+def _presets(lab: LabConfig) -> dict[str, str]:
+    """Each run's preset by the label its rows carry."""
+    return {run.label: run.preset for run in lab.algos}
 
 
 def _curves(rows: list[dict[str, Any]], initials: dict, algo: str, key: str) -> np.ndarray:
@@ -67,14 +61,14 @@ def _curves(rows: list[dict[str, Any]], initials: dict, algo: str, key: str) -> 
     return np.array(curves, dtype=np.float64)
 
 
-def summarize(rows: list[dict[str, Any]], initials: dict, lab: Any) -> dict[str, Any]:
+def summarize(rows: list[dict[str, Any]], initials: dict, lab: LabConfig) -> dict[str, Any]:
     """Per algorithm, means over seeds of the exact entropy and expected reward.
 
     ``cumulative_entropy`` sums, over iterations, the exact entropy of the policy that collected
     that iteration's experience (the entropy "experienced during training", paper Fig. 1).
     """
     summary: dict[str, Any] = {}
-    configs = _configs(lab)
+    configs = {run.label: run.algorithm for run in lab.algos}
     for algo in dict.fromkeys(r["algo"] for r in rows):
         entropy, reward = (
             _curves(rows, initials, algo, "entropy"),
@@ -95,13 +89,14 @@ def summarize(rows: list[dict[str, Any]], initials: dict, lab: Any) -> dict[str,
             "max_excursion": max_excursion,
             "seeds": int(entropy.shape[0]),
         }
-    summary["claims"] = check_claims(summary)
-    summary["config"] = asdict(lab)
+    summary["claims"] = check_claims(summary, _presets(lab))
+    summary["config"] = lab.record()
     return summary
 
 
-def check_claims(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The paper's Sec. 3 predictions as the lab can show them (only for algorithms that ran)."""
+def check_claims(summary: dict[str, Any], presets: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """The paper's Sec. 3 predictions as the lab can show them (only for algorithms that ran;
+    ``presets``: each run's preset by its label)."""
     claims: dict[str, dict[str, Any]] = {}
 
     def final(algo: str) -> float:
@@ -126,11 +121,13 @@ def check_claims(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 "holds": abs(ratio - 1.0) <= HOLD_TOLERANCE,
                 "final_over_initial": ratio,
             }
-    claims.update(controller_claims(summary))
+    claims.update(controller_claims(summary, presets))
     return claims
 
 
-def controller_claims(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def controller_claims(
+    summary: dict[str, Any], presets: Mapping[str, str]
+) -> dict[str, dict[str, Any]]:
     """GRPO loses more than half of its entropy, and each other controlled run (paper cap or
     labelled variant) holds within ``HOLD_TOLERANCE``, with its reward cost against GRPO.
 
@@ -140,7 +137,7 @@ def controller_claims(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
     runs = {k: v for k, v in summary.items() if k not in RESERVED_KEYS}
     grpo_reward = runs["grpo"]["reward_final"] if "grpo" in runs else None
     for label, s in runs.items():
-        name = parse_label(label)["name"]
+        name = presets[label]
         ratio = s["entropy_final"] / s["entropy_initial"]
         if name == "grpo":
             claims[f"{label}_loses_half"] = {"holds": ratio < 0.5, "final_over_initial": ratio}
@@ -157,19 +154,23 @@ def _has_lever(name: str) -> bool:
 
 
 def plot_curves(
-    rows: list[dict[str, Any]], initials: dict, path: Path, targets: dict[str, float] | None = None
+    rows: list[dict[str, Any]],
+    initials: dict,
+    path: Path,
+    presets: Mapping[str, str],
+    targets: dict[str, float] | None = None,
 ) -> None:
     """Entropy and expected reward per algorithm: mean over seeds, band = min..max over seeds;
-    grey bands mark +-10 % around each distinct target entropy (``targets``: label -> mean
-    target; by default the initial entropy)."""
+    a run whose label is not its preset's name (``presets``: label -> preset) is a variant,
+    drawn dashed in its preset's colour; grey bands mark +-10 % around each distinct target
+    entropy (``targets``: label -> mean target; by default the initial entropy)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     algos = list(dict.fromkeys(r["algo"] for r in rows))
-    specs = {a: parse_label(a) for a in algos}
-    presets = list(dict.fromkeys(spec["name"] for spec in specs.values()))
+    names = list(dict.fromkeys(presets[a] for a in algos))
     fig, axes = plt.subplots(1, 2, figsize=(13, 5 + 0.25 * -(-len(algos) // 3)))
     if targets is None:
         targets = {a: float(_curves(rows, initials, a, "entropy")[:, 0].mean()) for a in algos}
@@ -177,11 +178,11 @@ def plot_curves(
         axes[0].axhspan(
             target * (1 - TARGET_BAND), target * (1 + TARGET_BAND), color="0.5", alpha=0.15, lw=0
         )
-    colors = plt.get_cmap("tab20" if len(presets) > 10 else "tab10")
+    colors = plt.get_cmap("tab20" if len(names) > 10 else "tab10")
     for algo in algos:
         # A variant takes its preset's colour, dashed, so the paper-cap run sits beside it.
-        name, overrides = specs[algo]["name"], len(specs[algo]) > 1
-        color, style = colors(presets.index(name) % 20), "--" if overrides else "-"
+        color = colors(names.index(presets[algo]) % 20)
+        style = "--" if algo != presets[algo] else "-"
         for ax, key in zip(axes, ("entropy", "reward"), strict=True):
             curves = _curves(rows, initials, algo, key)
             x = np.arange(curves.shape[1])
@@ -208,13 +209,13 @@ def plot_curves(
 
 
 def write_outputs(
-    out: Path, rows: list[dict[str, Any]], summary: dict[str, Any], initials: dict
+    out: Path, rows: list[dict[str, Any]], summary: dict[str, Any], initials: dict, lab: LabConfig
 ) -> None:
     """``out/metrics.jsonl``, ``out/summary.json`` and ``out/entropy.png``, each written atomically."""
     atomic_write_text(out / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     targets = {k: v["entropy_target"] for k, v in summary.items() if k not in RESERVED_KEYS}
-    plot_curves(rows, initials, out / "entropy.png", targets)
+    plot_curves(rows, initials, out / "entropy.png", _presets(lab), targets)
 
 
 def format_table(summary: dict[str, Any]) -> str:

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from entrogym.algos import LEVERS, build_algorithm
-from entrogym.theory.lab import LabConfig, run_one
+from entrogym.algos import ALGORITHMS, LEVERS, build_algorithm
+from entrogym.theory.lab import run_one
+from entrogym.theory.lab_config import LabConfig
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 EXAMPLE = EXAMPLES / "custom_entropy_control.py"
@@ -27,7 +28,7 @@ def test_the_examples_lever_keeps_entropy_in_the_bandit_lab(monkeypatch) -> None
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        runs = {"dapo": [run_one("dapo", s, lab) for s in range(2)],
+        runs = {"dapo": [run_one(ALGORITHMS["dapo"], s, lab) for s in range(2)],
                 "bonus": [run_one(bonus, s, lab) for s in range(2)]}  # fmt: skip
     finally:
         torch.set_num_threads(threads)

@@ -10,7 +10,7 @@ from entrogym.algos import EntropyControl, build_algorithm
 from entrogym.algos.losses import LOSSES, aggregate
 from entrogym.algos.update import micro_batch_loss
 from entrogym.algos.update_batch import Rows
-from entrogym.train.algo_spec import algo_args_mapping, label, parse_label, resolve_algorithm
+from entrogym.commands.algo_text import algo_args_mapping, label, parse_label, resolve_algorithm
 
 
 def _rows(sampler: bool = True) -> tuple[Rows, torch.Tensor]:

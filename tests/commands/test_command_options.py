@@ -216,15 +216,16 @@ def test_bandit_applies_algorithm_options_to_the_presets() -> None:
         ["--algos", "grpo,repo-d", "--algo.controller", "pi", "--algo.epochs", "1"],
         bandit.BanditOptions,
     )
-    lab = opts.lab()
-    assert lab.algorithm("repo-d").controller.name == "pi" and lab.algorithm("repo-d").epochs == 1
-    assert lab.algorithm("grpo").epochs == 1 and lab.algorithm("grpo").controller is None
+    grpo, repo_d = (run.algorithm for run in opts.lab().algos)
+    assert repo_d.controller.name == "pi" and repo_d.epochs == 1
+    assert grpo.epochs == 1 and grpo.controller is None
     variant = parse_options(
         bandit.build_parser(),
         ["--algos", "grpo", "repo-d --algo.controller pi --algo.controller.kp 0.2"],
         bandit.BanditOptions,
     ).lab()
-    assert variant.algorithm(variant.algos[1]).controller.params.kp == 0.2
+    assert variant.algos[1].algorithm.controller.params.kp == 0.2
+    assert variant.algos[1].label == "repo-d --algo.controller pi --algo.controller.kp 0.2"
 
 
 def test_bandit_cli_rejects_options_no_preset_takes(capsys) -> None:

@@ -68,7 +68,7 @@ def _entrogym(words: list[str]) -> None:
 
     name, argv = words[0], words[1:]
     if name == "bandit" and argv[:1] == ["sweep"]:
-        from entrogym.theory.sweep import parse_sweep_args
+        from entrogym.commands.bandit_sweep import parse_sweep_args
 
         parse_sweep_args(argv[1:])
         return

@@ -13,8 +13,10 @@ from gymnasium.utils.env_checker import check_env
 import entrogym  # noqa: F401
 from entrogym.algos.presets import ALGORITHMS
 from entrogym.commands.bandit import cli
+from entrogym.commands.lab_runs import lab_config, lab_run
 from entrogym.envs.bandit import BanditEnv, make_reward_means
-from entrogym.theory.lab import LabConfig, run_lab, run_one
+from entrogym.theory.lab import run_lab, run_one
+from entrogym.theory.lab_config import LabConfig
 from entrogym.theory.tabular import TabularSoftmaxPolicy, initial_logits
 
 TINY = ["--seeds", "1", "--iters", "3", "--n_states", "4", "--samples_per_state", "4"]
@@ -120,23 +122,23 @@ def test_lab_rejects_unknown_presets(capsys) -> None:
 
 def test_presets_behave_as_configured() -> None:
     lab = LabConfig(iters=8, n_states=8)
-    _, rloo = run_one("rloo", 0, lab)
+    _, rloo = run_one(lab_run("rloo"), 0, lab)
     # Strictly on-policy: every ratio is exactly 1, nothing clipped.
     assert all(r["clip_frac_low"] == 0 and r["clip_frac_high"] == 0 for r in rloo)
     assert all(r["ratio_max"] == pytest.approx(1.0) for r in rloo)
-    _, adapo = run_one("adapo", 0, lab)
+    _, adapo = run_one(lab_run("adapo"), 0, lab)
     eps = [r["eps_high"] for r in adapo]
     assert eps[0] == 0.28 and len(set(eps)) > 1 and all(0.2 <= e <= 0.32 for e in eps)
-    _, repo = run_one("repo-r", 0, lab)
+    _, repo = run_one(lab_run("repo-r"), 0, lab)
     zetas = [r["zeta"] for r in repo]
     assert zetas[0] == 1e-3 and len(set(zetas)) > 1 and all(abs(z) <= 0.05 for z in zetas)
-    _, bonus = run_one("grpo-entropy-bonus", 0, lab)
+    _, bonus = run_one(lab_run("grpo-entropy-bonus"), 0, lab)
     assert bonus[0]["beta"] == 1e-3 and bonus[0]["zeta"] is None
 
 
 def test_grpo_ends_below_rloo_with_defaults() -> None:
     """Paper Sec. 3: multi-epoch, std-normalised GRPO collapses entropy more than RLOO."""
-    summary = run_lab(LabConfig(algos=["rloo", "grpo"]))
+    summary = run_lab(lab_config(["rloo", "grpo"]))
     assert summary["claims"]["grpo_below_rloo"]["holds"]
     assert summary["rloo"]["entropy_final"] < summary["rloo"]["entropy_initial"]
 
@@ -153,11 +155,11 @@ def test_a_probed_target_is_the_initial_policys_entropy_and_leaves_the_samples_a
     # 6 seeds, 7x less error in total; asked here: 2x).
     plain_spec = "repo-r --algo.controller.estimator sampled"
     spec = f"{plain_spec} --algo.controller.target_probe 48"
-    lab = LabConfig(iters=1, n_states=4, samples_per_state=4, algos=[plain_spec, spec])
+    lab = lab_config([plain_spec, spec], iters=1, n_states=4, samples_per_state=4)
     plain_errors, probed_errors = [], []
     for seed in range(6):
-        initial, plain = run_one(plain_spec, seed, lab)
-        _, probed = run_one(spec, seed, lab)
+        initial, plain = run_one(lab_run(plain_spec), seed, lab)
+        _, probed = run_one(lab_run(spec), seed, lab)
         # the probe draws from its own generator: the first batch is the one drawn without it
         assert probed[0]["entropy_sampled"] == plain[0]["entropy_sampled"]
         assert plain[0]["entropy_target"] == plain[0]["entropy_sampled"]
@@ -171,10 +173,10 @@ def test_an_exact_target_is_the_initial_policys_exact_entropy_with_or_without_a_
     # Every batch holds every state: the exact estimate of a batch is the policy's mean state
     # entropy itself, so the target (probe or not) is the initial entropy, not an estimate.
     spec = "repo-r --algo.controller.target_probe 3"
-    lab = LabConfig(iters=1, n_states=4, samples_per_state=4, algos=["repo-r", spec])
+    lab = lab_config(["repo-r", spec], iters=1, n_states=4, samples_per_state=4)
     for seed in range(3):
-        initial, plain = run_one("repo-r", seed, lab)
-        _, probed = run_one(spec, seed, lab)
+        initial, plain = run_one(lab_run("repo-r"), seed, lab)
+        _, probed = run_one(lab_run(spec), seed, lab)
         for rows in (plain, probed):
             assert rows[0]["entropy_target"] == pytest.approx(initial["entropy"], rel=1e-6)
             assert rows[0]["entropy_tracked"] == rows[0]["entropy_target"]

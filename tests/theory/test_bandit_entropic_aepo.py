@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from entrogym.theory.lab import LabConfig, run_one
+from entrogym.commands.lab_runs import lab_run
+from entrogym.theory.lab import run_one
+from entrogym.theory.lab_config import LabConfig
 from entrogym.theory.tabular import TabularSoftmaxPolicy
 from entrogym.theory.temperature import sample_at_temperature, temperature_probs
 
@@ -19,7 +21,7 @@ CONTROLS = {
 
 
 def _final_entropy(entry: str) -> float:
-    _, rows = run_one(entry, 0, LAB)
+    _, rows = run_one(lab_run(entry), 0, LAB)
     return float(np.mean([r["entropy"] for r in rows[-5:]]))
 
 

@@ -7,22 +7,23 @@ from pathlib import Path
 
 import pytest
 
-from entrogym.theory.lab import LabConfig, run_lab
-from entrogym.theory.sweep import grid_cells, parse_sweep_args, run_sweep, sweep_cli
+from entrogym.commands.bandit_sweep import grid_cells, parse_sweep_args, sweep_cells, sweep_cli
+from entrogym.commands.lab_runs import lab_config
+from entrogym.theory.lab import run_lab
+from entrogym.theory.lab_config import LabSettings
+from entrogym.theory.sweep import run_sweep
 
-TINY = LabConfig(iters=6, n_states=4, n_arms=6, samples_per_state=4)
+TINY = LabSettings(iters=6, n_states=4, n_arms=6, samples_per_state=4)
 
 
 def test_a_cell_gives_the_numbers_of_the_single_lab_run() -> None:
-    table = run_sweep(
-        ["repo-r"], {"lr": [8.0, 32.0], "algo.controller.max": ["0.5"]}, seeds=2, base=TINY,
-        workers=2,
-    )  # fmt: skip
+    grid = {"lr": [8.0, 32.0], "algo.controller.max": ["0.5"]}
+    table = run_sweep(sweep_cells(["repo-r"], grid, seeds=2, base=TINY), workers=2)
     assert [row["lr"] for row in table] == [8.0, 32.0]
     assert "algo.controller.max" not in table[0]  # given once: fixed, not a column
     label = "repo-r --algo.controller.max 0.5"
     for row in table:
-        lab = LabConfig(**{**vars(TINY), "algos": [label], "seeds": 2, "lr": row["lr"]})
+        lab = lab_config([label], **{**TINY.settings(), "seeds": 2, "lr": row["lr"]})
         single = run_lab(lab)[label]
         assert row["entropy_ratio"] == single["entropy_final_ratio"]
         assert row["tracking_error"] == single["tracking_error"]
@@ -40,7 +41,8 @@ def test_grid_values_are_typed_and_crossed() -> None:
     # lab knobs typed at once; algorithm options when their cell is resolved
     assert args.grid == {"lr": [4.0, 16.0], "algo.minibatch_size": ["none", "32"]}
     assert len(grid_cells(args.grid)) == 4
-    table = run_sweep(["grpo"], {"algo.minibatch_size": ["none", "2"]}, seeds=1, base=TINY)
+    cells = sweep_cells(["grpo"], {"algo.minibatch_size": ["none", "2"]}, seeds=1, base=TINY)
+    table = run_sweep(cells, workers=1)
     assert [row["algo.minibatch_size"] for row in table] == [None, 2]
 
 

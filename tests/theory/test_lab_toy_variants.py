@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 from entrogym.algos.presets import ALGORITHMS
-from entrogym.theory.lab import TOY_VARIANTS, LabConfig, run_lab
+from entrogym.commands.bandit import BanditOptions
+from entrogym.commands.lab_runs import TOY_VARIANTS, lab_config
+from entrogym.theory.lab import run_lab
 from entrogym.theory.lab_report import HOLD_TOLERANCE, format_table
 
 
 def test_defaults_run_paper_presets_then_toy_variants() -> None:
-    assert LabConfig().algos == [*ALGORITHMS, *TOY_VARIANTS]
-    LabConfig().validate()
+    options = BanditOptions()
+    assert options.algos == [*ALGORITHMS, *TOY_VARIANTS]
+    assert [run.label for run in options.lab().algos] == options.algos  # labels as given
 
 
 def test_each_controller_variant_holds_while_grpo_loses_half() -> None:
-    summary = run_lab(LabConfig(algos=["grpo", *TOY_VARIANTS]))
+    summary = run_lab(lab_config(["grpo", *TOY_VARIANTS]))
     claims = summary["claims"]
     assert claims["grpo_loses_half"]["holds"]
     assert claims[f"{TOY_VARIANTS[0]}_loses_half"]["holds"]

@@ -5,14 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from entrogym.theory.lab import LabConfig, run_one
+from entrogym.commands.bandit_sweep import sweep_cells
+from entrogym.commands.lab_runs import lab_config, lab_run
+from entrogym.theory.lab import run_one
+from entrogym.theory.lab_config import LabConfig
 from entrogym.theory.sweep import run_sweep
 
 
 def _final_ratio(label: str, lab: LabConfig, seeds: int = 3) -> float:
     ratios = []
     for seed in range(seeds):
-        initial, rows = run_one(label, seed, lab)
+        initial, rows = run_one(lab_run(label), seed, lab)
         ratios.append(rows[-1]["entropy"] / initial["entropy"])
     return float(np.mean(ratios))
 
@@ -26,24 +29,26 @@ def test_raw_centring_reproduces_the_default_runs_exactly() -> None:
     for preset in ("repo-r --algo.controller.init 0.5 --algo.controller.max 0.5",
                    "repo-d --algo.controller.max 0.5"):  # fmt: skip
         raw = f"{preset} --algo.lever.centering raw"
-        assert _numbers(run_one(raw, 0, lab)[1]) == _numbers(run_one(preset, 0, lab)[1])
+        assert _numbers(run_one(lab_run(raw), 0, lab)[1]) == _numbers(
+            run_one(lab_run(preset), 0, lab)[1]
+        )
 
 
 def test_exact_centring_changes_repo_only() -> None:
     lab = LabConfig(iters=5, n_states=4, n_arms=6, samples_per_state=4)
     repo_r = "repo-r --algo.controller.init 0.5 --algo.controller.max 0.5"
-    plain = run_one(repo_r, 0, lab)[1]
-    exact = run_one(f"{repo_r} --algo.lever.centering exact", 0, lab)[1]
+    plain = run_one(lab_run(repo_r), 0, lab)[1]
+    exact = run_one(lab_run(f"{repo_r} --algo.lever.centering exact"), 0, lab)[1]
     assert [r["entropy"] for r in exact] != [r["entropy"] for r in plain]
     # the same option lab-wide: the presets with a lever take it, the others run unchanged
-    shared = LabConfig(
-        iters=5, n_states=4, n_arms=6, samples_per_state=4, algos=["grpo", "repo-d"],
-        algo={"lever": {"centering": "exact"}},
+    shared = lab_config(
+        ["grpo", "repo-d"], {"lever": {"centering": "exact"}},
+        iters=5, n_states=4, n_arms=6, samples_per_state=4,
     )  # fmt: skip
-    shared.validate()
-    assert run_one("grpo", 0, shared)[1] == run_one("grpo", 0, lab)[1]
-    assert shared.algorithm("repo-d").lever.params.centering == "exact"
-    assert shared.algorithm("grpo").lever.name == "none"
+    grpo, repo_d = shared.algos
+    assert run_one(grpo, 0, shared)[1] == run_one(lab_run("grpo"), 0, lab)[1]
+    assert repo_d.algorithm.lever.params.centering == "exact"
+    assert grpo.algorithm.lever.name == "none"
 
 
 def test_lab_numbers_repo_d_at_zeta_half_and_lr_64() -> None:
@@ -61,12 +66,12 @@ def test_lab_numbers_repo_d_at_zeta_half_and_lr_64() -> None:
 def test_repo_centering_is_sweepable() -> None:
     base = LabConfig(iters=5, n_states=4, n_arms=6, samples_per_state=4)
     grid = {"algo.lever.centering": ["raw", "exact"], "algo.controller.max": ["0.5"]}
-    table = run_sweep(["repo-d"], grid, seeds=1, base=base, workers=1)
+    table = run_sweep(sweep_cells(["repo-d"], grid, seeds=1, base=base), workers=1)
     assert [row["algo.lever.centering"] for row in table] == ["raw", "exact"]
     raw, exact = table
     entry = "repo-d --algo.controller.max 0.5 --algo.lever.centering exact"
-    initial, rows = run_one(entry, 0, base)
+    initial, rows = run_one(lab_run(entry), 0, base)
     assert exact["entropy_ratio"] == pytest.approx(rows[-1]["entropy"] / initial["entropy"])
     assert raw["entropy_ratio"] != exact["entropy_ratio"]
     with pytest.raises(ValueError, match="presets with a lever: repo-r, repo-d"):
-        run_sweep(["grpo"], {"algo.lever.centering": ["raw", "exact"]}, seeds=1, base=base)
+        sweep_cells(["grpo"], {"algo.lever.centering": ["raw", "exact"]}, seeds=1, base=base)
