@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from entrogym.commands.demo_runs import parse_run, spec_label
-from entrogym.demo import FIRST_TRACKED, demo_config, train_one
+from entrogym.demo import demo_config, tracking, train_one
 
 COEFFICIENTS = ("zeta", "beta", "eps_high", "kl_coef", "clip_cov_ratio")
 
@@ -79,7 +79,7 @@ def run_cell(cell: dict[str, Any], out: Path) -> dict[str, Any]:
     """Train one cell through the demo's own runner (``train_one``); its per-iteration record,
     with the tracking, controller and timing columns the sweep's tables show."""
     from entrogym.train.metrics import read_metrics
-    from entrogym.train.target_tracking import filled_targets, max_excursion, tracking_error
+    from entrogym.train.target_tracking import filled_targets
 
     name = cell_name(cell)
     cfg = demo_config(parse_run(cell["algo"]).algo, out / "runs", cell["iters"], cell["lr"], cell["eval_tasks"],
@@ -91,8 +91,9 @@ def run_cell(cell: dict[str, Any], out: Path) -> dict[str, Any]:
     rows_t = [r for r in rows if r.get("kind", "train") == "train"]
     # the estimator the controller tracks (its target is in those terms); the sampled
     # surprisal beside it. Rows written before entropy_tracked was logged hold only the latter.
-    entropy = [r.get("entropy_tracked", r["entropy"]) for r in rows_t]
-    target = filled_targets([r["entropy_target"] for r in rows_t], entropy)
+    entropy = [r.get("entropy_tracked") or r["entropy"] for r in rows_t]
+    targets = [r["entropy_target"] for r in rows_t]
+    target = filled_targets(targets, entropy)
     lever = cfg.algo.lever.name
     coefficient = next((k for k in COEFFICIENTS if rows_t[0].get(k) is not None and
                         (k != "eps_high" or lever == "clip-high")), None)  # fmt: skip
@@ -105,8 +106,7 @@ def run_cell(cell: dict[str, Any], out: Path) -> dict[str, Any]:
         "entropy": entropy,
         "entropy_sampled": [r["entropy"] for r in rows_t],
         "entropy_target": target,
-        "tracking_error": tracking_error(entropy, target),
-        "max_excursion": max_excursion(entropy, target, start=FIRST_TRACKED),
+        **tracking({"entropy": entropy, "entropy_target": targets}),
         "entropy_ratio": entropy[-1] / entropy[0],
         "reward": [r["reward_mean"] for r in rows_t],
         "coefficient": coefficient,

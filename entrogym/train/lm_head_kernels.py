@@ -108,28 +108,23 @@ class _ChunkedLogprob(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return (*_exact_logprob_grads(ctx, grad), None, None, None)
-
-
-def _exact_logprob_grads(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:
-    """d logp / d (hidden, weight) in fp32 chunks, each chunk's logits recomputed from the saved
-    lse (the backward of both the chunked and the CCE-forward paths)."""
-    hidden, weight, targets, lse, logp = ctx.saved_tensors
-    need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-    grad_h = torch.zeros_like(hidden) if need_h else None
-    grad_w = torch.zeros_like(weight) if need_w else None
-    for s in range(0, hidden.shape[0], ctx.rows):
-        sl = slice(s, s + ctx.rows)
-        t, g = targets[sl, None], grad[sl]
-        p = (hidden[sl] @ weight.T).sub_(lse[sl, None]).exp_()
-        coef = target_gradient_coefficient(logp[sl], p.gather(1, t).squeeze(1), ctx.softmax_fix)
-        gz = p.mul_(-g[:, None])
-        gz.scatter_(1, t, (g * coef)[:, None])
-        if need_h:
-            grad_h[sl] = gz @ weight
-        if need_w:
-            grad_w.addmm_(gz.T, hidden[sl])
-    return grad_h, grad_w
+        # each chunk's logits recomputed from the saved lse; also _CceForwardLogprob's backward
+        hidden, weight, targets, lse, logp = ctx.saved_tensors
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_h = torch.zeros_like(hidden) if need_h else None
+        grad_w = torch.zeros_like(weight) if need_w else None
+        for s in range(0, hidden.shape[0], ctx.rows):
+            sl = slice(s, s + ctx.rows)
+            t, g = targets[sl, None], grad[sl]
+            p = (hidden[sl] @ weight.T).sub_(lse[sl, None]).exp_()
+            coef = target_gradient_coefficient(logp[sl], p.gather(1, t).squeeze(1), ctx.softmax_fix)
+            gz = p.mul_(-g[:, None])
+            gz.scatter_(1, t, (g * coef)[:, None])
+            if need_h:
+                grad_h[sl] = gz @ weight
+            if need_w:
+                grad_w.addmm_(gz.T, hidden[sl])
+        return grad_h, grad_w, None, None, None
 
 
 class _CceForwardLogprob(_ChunkedLogprob):
