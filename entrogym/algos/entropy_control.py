@@ -2,7 +2,8 @@
 
 ``EntropyControl`` is what ``policy_update`` consults: the lever's coefficient as the controller
 has set it, the clip range, whether the scorer must compute exact entropies, which estimate of
-a batch's entropy the controller tracks (``controller.estimator``: ``batch_entropy``), and where
+a batch's entropy the controller tracks (``controller.estimator``: ``batch_entropy``, or with
+``probe`` the fixed probe states' entropy the trainer hands over: ``observe_states``), and where
 the controller is fed: ``observe`` once per iteration (the paper's step) and ``observe_step``
 after every optimizer step (TRL's). The target is set by the first entropy the controller sees
 (a ratio of it, averaged with the initial policy's probe batches when ``controller.target_probe``
@@ -37,6 +38,8 @@ class EntropyControl:
         self.target: float | None = None
         self.history: list[float] = []
         self.probe: list[float] = []  # entropies of the initial policy's probe batches
+        # estimator probe: the policy's entropy on the probe batches' states, this iteration
+        self.state_entropy: float | None = None
 
     # ----- what the update reads --------------------------------------------------------------
 
@@ -46,10 +49,17 @@ class EntropyControl:
 
     @property
     def tracks_exact(self) -> bool:
-        """The controller tracks the exact entropy (``controller.estimator: exact``); without a
-        controller that has a target nothing is tracked and the sampled estimate, free, is
-        reported."""
+        """The controller tracks the exact entropy of each iteration's batch
+        (``controller.estimator: exact``); without a controller that has a target nothing is
+        tracked and the sampled estimate, free, is reported."""
         return self.feedback is not None and self.feedback.estimator == "exact"
+
+    @property
+    def tracks_probe_states(self) -> bool:
+        """The controller tracks the exact entropy on the fixed probe states
+        (``controller.estimator: probe``): the trainer rescores them before every update and
+        hands the result to ``observe_states``."""
+        return self.feedback is not None and self.feedback.estimator == "probe"
 
     @property
     def loss_needs_entropy(self) -> bool:
@@ -60,22 +70,30 @@ class EntropyControl:
 
     @property
     def needs_entropy(self) -> bool:
-        """Exact per-token entropies are needed somewhere: by the loss, or by a controller that
-        tracks them (the policy's before the iteration's first step only)."""
+        """Exact per-token entropies of an iteration's batch are needed somewhere: by the loss,
+        or by a controller that tracks them (the policy's before the iteration's first step
+        only)."""
         return self.loss_needs_entropy or self.tracks_exact
+
+    @property
+    def measures_exact(self) -> bool:
+        """``batch_entropy`` reads exact entropies (``exact`` or ``probe``): score with them."""
+        return self.tracks_exact or self.tracks_probe_states
 
     def batch_entropy(
         self, logprobs: torch.Tensor, entropies: torch.Tensor | None, mask: torch.Tensor
     ) -> float:
         """The entropy the controller tracks of one batch scored under one policy: the mean
-        exact entropy of ``entropies`` (scored with ``needs_entropy``) when it tracks the exact
-        one, else the sampled estimate from ``logprobs``, over ``mask``'s action tokens."""
-        if not self.tracks_exact:
+        exact entropy of ``entropies`` (scored with them: ``measures_exact``) when it tracks an
+        exact one (``exact``, or ``probe`` on a probe batch), else the sampled estimate from
+        ``logprobs``, over ``mask``'s action tokens."""
+        if not self.measures_exact:
             return sampled_entropy(logprobs, mask)
         if entropies is None:
             raise ValueError(
-                "controller.estimator exact tracks exact entropies; score the batch with "
-                "need_entropy=True (EntropyControl.needs_entropy)"
+                f"controller.estimator {self.feedback.estimator} tracks exact entropies; score "
+                "the batch with "
+                "need_entropy=True (EntropyControl.measures_exact)"
             )
         return exact_batch_entropy(entropies, mask)
 
@@ -112,6 +130,12 @@ class EntropyControl:
         """The probe batches' entropies (``probe_batches``), each ``batch_entropy`` of one
         batch (so by the controller's estimator): averaged into the target."""
         self.probe = list(entropies)
+
+    def observe_states(self, entropy: float) -> None:
+        """``controller.estimator: probe``: the policy being trained's entropy on the probe
+        batches' states this iteration (the mean of their ``batch_entropy``, as the probe
+        measured them), which the iteration's update then tracks."""
+        self.state_entropy = entropy
 
     def observe_step(self, entropy: float) -> None:
         """The entropy measured during one optimizer step, for a controller fed every step

@@ -23,9 +23,10 @@ iteration was trained on; its target is the entropy of the first iteration (pape
 controller's ``estimator`` says which estimate of that entropy it tracks: the mean exact token
 entropy over the batch's action tokens (``exact``; the scorer then returns entropies, and a
 batch whose old log-probs the caller supplies pays one no-grad entropy pass before the first
-step) or the sampled surprisal (``sampled``). Every update reports both where they were
-computed, ``entropy`` (sampled) and ``entropy_exact``, and ``entropy_tracked``, the one the
-controller saw.
+step) or the sampled surprisal (``sampled``); with ``probe`` it tracks the caller's measure of
+the policy on fixed states, handed over before the update (``EntropyControl.observe_states``).
+Every update reports both batch estimates where they were computed, ``entropy`` (sampled)
+and ``entropy_exact``, and ``entropy_tracked``, the one the controller saw.
 
 Old log-probs: when ``batch.old_logprobs`` is ``None`` the update scores them itself. The rows of
 the first minibatch of the first epoch are still on-policy when they are scored for the loss,
@@ -330,7 +331,14 @@ def policy_update(
     if entropy is not None and control.tracks_exact:  # supplied old log-probs: no pass yet
         rows = torch.arange(len(batch))
         score_old_logprobs(batch, rows, score, micro_batch_size, micro_batch_tokens, tally, False)
-    tracked = None if entropy is None else _tracked(control, entropy, tally, exact_tokens)
+    tracked = control.state_entropy if control.tracks_probe_states else None
+    if control.tracks_probe_states and tracked is None:
+        raise ValueError(
+            "controller.estimator probe tracks the probe states' entropy; hand it to "
+            "EntropyControl.observe_states before the update"
+        )
+    if tracked is None and entropy is not None:
+        tracked = _tracked(control, entropy, tally, exact_tokens)
     if tracked is not None:
         control.reference(tracked)
     # Clip-Cov draws tokens at random: its own stream, so the minibatch order is untouched.

@@ -10,7 +10,8 @@ Logged per (algorithm, seed, iteration) in ``metrics.jsonl``:
 ``entropy_sampled`` the mean -log pi over the iteration's sampled arms (``sampled_entropy``) of
 the policy that collected the experience; ``entropy_tracked`` the estimate of that entropy the
 controller saw (``controller.estimator``: the exact mean state entropy over the sampled states,
-or ``entropy_sampled``); ``reward`` exact expected
+which with every state sampled is also what ``probe`` tracks, or ``entropy_sampled``);
+``reward`` exact expected
 reward after the update; ``reward_sampled`` the experience's mean reward; clip fractions, KL,
 and the lever's coefficient (``zeta``, ``beta``, ``eps_high``, ...) as used in the iteration.
 
@@ -105,7 +106,7 @@ def _probe(
         for _ in range(control.probe_batches):
             actions = policy.sample(states, generator)
             score = _scorer(policy, states, actions)
-            logprobs, exact = score(torch.arange(len(states)), control.needs_entropy)
+            logprobs, exact = score(torch.arange(len(states)), control.measures_exact)
             entropies.append(control.batch_entropy(logprobs, exact, torch.ones_like(logprobs)))
     return entropies
 
@@ -170,6 +171,8 @@ def run_one(
             old_logprobs=old_logprobs,
             versions=torch.full((len(states),), version),
         )
+        if control.tracks_probe_states:  # every state is sampled: its fixed states are all
+            control.observe_states(float(policy.state_entropies().mean()))
         m = policy_update(
             control,
             batch,

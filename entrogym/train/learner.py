@@ -203,7 +203,7 @@ class Learner:
     def probe_entropy(self, batch: UpdateBatch, control: EntropyControl) -> float:
         """A probe batch's entropy in the terms ``control`` tracks (exact or sampled), scored in
         fp32 like an iteration's batch."""
-        logprobs, exact = self.score_all(batch, need_entropy=control.tracks_exact)
+        logprobs, exact = self.score_all(batch, need_entropy=control.measures_exact)
         return control.batch_entropy(logprobs, exact, batch.mask)
 
     def entropy_check(self, batch: UpdateBatch) -> dict[str, Any]:

@@ -19,6 +19,8 @@ class TrainState:
     bad_steps: optimizer steps skipped for non-finite losses or gradients so far.
     best: the best eval ``pass@1`` so far (-1: no evaluation yet).
     control: the entropy control's own state (``EntropyControl.state_dict``).
+    probe_states: ``estimator probe``'s fixed states, the target probe's batches
+        (``extra_samples.states_to_dict``); empty for other estimators.
     metrics_rows: complete rows of ``metrics.jsonl`` that belong to these iterations.
     algo: the preset's name (a resume checks it).
     """
@@ -28,6 +30,7 @@ class TrainState:
     bad_steps: int = 0
     best: float = -1.0
     control: dict[str, Any] = field(default_factory=dict)
+    probe_states: list[dict[str, Any]] = field(default_factory=list)
     metrics_rows: int = 0
     algo: str = ""
 

@@ -32,7 +32,12 @@ from entrogym.algos import EntropyControl, UpdateBatch
 from entrogym.train import distributed
 from entrogym.train.checkpoint import read_training_state, rng_state, set_rng_state
 from entrogym.train.config import TrainConfig
-from entrogym.train.extra_samples import attach_temperature_samples, probe_target
+from entrogym.train.extra_samples import (
+    attach_temperature_samples,
+    observe_probe_states,
+    probe_target,
+    states_to_dict,
+)
 from entrogym.train.learner import Learner
 from entrogym.train.metrics import summary_line
 from entrogym.train.mismatch import sampler_mismatch
@@ -118,9 +123,11 @@ class Trainer:
             raise self._interrupted(start - 1)
         self.sampler.publish_adapter(start)
         self.sampler.publish_older_versions(start)
-        probed = probe_target(self.control, self.sampler, self.learner, self.ranks, start)
+        probed, batches = probe_target(self.control, self.sampler, self.learner, self.ranks, start)
         if probed:
             self.run.say(probed)
+        if self.control.tracks_probe_states and batches:  # a resumed run keeps its states
+            self.state.probe_states = states_to_dict(batches)
         with self.sampler.pipeline(start, self.cfg.iterations) as pipeline:
             iterations = range(start, self.cfg.iterations)
             for it in progress(iterations, desc="iterations", unit="iter", enabled=self.ranks.main):
@@ -196,6 +203,7 @@ class Trainer:
         #    under the weights of the version that sampled it.
         entropy_check = self.learner.entropy_check(batch)
         t0 = time.perf_counter()
+        observe_probe_states(self.control, self.learner, self.state.probe_states)
         batch.compute_advantages(self.algo.advantage)
         if bool((staleness > 0).any()):  # the ratio's denominator: the policy that sampled
             versions = self.sampler.versions

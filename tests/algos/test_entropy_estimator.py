@@ -45,7 +45,7 @@ def test_exact_batch_entropy_is_the_hand_softmax_entropy_over_the_masked_tokens(
         exact_batch_entropy(entropies, torch.zeros(2, 3))
 
 
-def _tabular_update(estimator: str, supply_old: bool):
+def _tabular_update(estimator: str, supply_old: bool, control: EntropyControl | None = None):
     """One repo-r update of a 3-state tabular policy (a batch of 12 one-token rows); the
     scorer returns each row's exact entropy. Returns the control, the metrics and the hand
     exact and sampled means of the batch, and the rows of each score call asked for entropies."""
@@ -62,10 +62,12 @@ def _tabular_update(estimator: str, supply_old: bool):
         ent = -(logp.exp() * logp).sum(-1, keepdim=True) if need_entropy else None
         return logp.gather(1, actions[index, None]), ent
 
-    config = build_algorithm(
-        {"name": "repo-r", "minibatch_size": 4, "controller": {"estimator": estimator}}
-    )
-    control = EntropyControl(config)
+    if control is None:
+        config = build_algorithm(
+            {"name": "repo-r", "minibatch_size": 4, "controller": {"estimator": estimator}}
+        )
+        control = EntropyControl(config)
+    config = control.config
     old = score(torch.arange(12), False)[0].detach() if supply_old else None
     asked.clear()
     batch = UpdateBatch.build(config.advantage, rewards=(actions == 0).double(),
@@ -115,7 +117,7 @@ def test_the_default_estimator_is_exact_and_a_wrong_one_is_refused_in_one_line()
     assert not grpo.tracks_exact and not grpo.needs_entropy
     with pytest.raises(ValueError, match=r"^algo.controller.estimator: expected one of exact"):
         build_algorithm({"name": "repo-r", "controller": {"estimator": "mean"}})
-    with pytest.raises(ValueError, match=r"^algo.controller.estimator must be exact or sampled"):
+    with pytest.raises(ValueError, match=r"^algo.controller.estimator must be exact, sampled or probe"):
         ControllerParams(estimator="mean")
 
 
@@ -149,3 +151,41 @@ def test_for_a_fixed_policy_the_exact_estimate_spreads_less_than_the_surprisal()
     assert statistics.variance(exact) < 0.6 * statistics.variance(sampled)
     stderr = math.sqrt(statistics.variance(sampled) / len(sampled))
     assert abs(statistics.fmean(exact) - statistics.fmean(sampled)) < 3 * stderr
+
+
+def _probe_control() -> EntropyControl:
+    controller = {"estimator": "probe", "target_probe": 1}
+    return EntropyControl(
+        build_algorithm({"name": "repo-r", "minibatch_size": 4, "controller": controller})
+    )
+
+
+def test_the_probe_estimator_tracks_the_states_entropy_it_is_handed_and_costs_the_batch_nothing():
+    control = _probe_control()
+    assert control.tracks_probe_states and control.measures_exact
+    assert not control.tracks_exact and not control.needs_entropy  # repo-r's loss needs none
+    h0 = 1.2345  # the probe batch's entropy, and the fixed states' before any update
+    control.observe_probe([h0])
+    control.observe_states(h0)
+    _, first, exact, sampled, asked = _tabular_update("probe", False, control)
+    assert not any(asked)  # the batch pays no entropy pass for the controller
+    assert first["entropy_tracked"] == h0 and control.target == pytest.approx(h0, rel=1e-12)
+    assert first["entropy"] == pytest.approx(sampled, rel=1e-9) and exact != h0
+    coefficient = control.coefficient
+    control.observe_states(0.8 * h0)  # the states' entropy fell by 20 %: the controller answers
+    _, second, _, _, _ = _tabular_update("probe", False, control)
+    assert control.controller.last_entropy == pytest.approx(0.8 * h0, rel=1e-12)
+    assert second["entropy_error"] == pytest.approx(-0.2, rel=1e-9)
+    assert control.coefficient > coefficient  # below target: the paper's controller doubles
+
+
+def test_the_probe_estimator_refuses_an_update_it_was_not_handed_states_for():
+    with pytest.raises(ValueError, match="observe_states"):
+        _tabular_update("probe", False, _probe_control())
+
+
+def test_the_probe_estimator_needs_probe_batches_and_a_step_per_iteration():
+    with pytest.raises(ValueError, match=r"set algo.controller.target_probe 1 or more$"):
+        ControllerParams(estimator="probe")
+    with pytest.raises(ValueError, match=r"set algo.controller.step iteration$"):
+        ControllerParams(estimator="probe", target_probe=2, step="optimizer")

@@ -181,3 +181,15 @@ def test_an_exact_target_is_the_initial_policys_exact_entropy_with_or_without_a_
             assert rows[0]["entropy_target"] == pytest.approx(initial["entropy"], rel=1e-6)
             assert rows[0]["entropy_tracked"] == rows[0]["entropy_target"]
         assert plain[0]["entropy_sampled"] != pytest.approx(initial["entropy"], rel=1e-3)
+
+
+def test_the_probe_estimator_in_the_lab_tracks_the_policys_state_entropy_before_each_update():
+    # Every state is sampled every iteration, so the lab's fixed states are all states: what
+    # the controller tracks at iteration t is the exact mean state entropy after update t - 1.
+    spec = "repo-r --algo.controller.estimator probe --algo.controller.target_probe 2"
+    lab = lab_config([spec], iters=4, n_states=4, samples_per_state=4)
+    initial, rows = run_one(lab_run(spec), 0, lab)
+    before = [initial["entropy"]] + [r["entropy"] for r in rows[:-1]]
+    assert [r["entropy_tracked"] for r in rows] == pytest.approx(before, rel=1e-6)
+    assert rows[0]["entropy_target"] == pytest.approx(initial["entropy"], rel=1e-6)
+    assert len({round(h, 6) for h in before}) == 4  # the policy moved every iteration

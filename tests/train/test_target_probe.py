@@ -84,3 +84,48 @@ def test_an_exact_target_measures_the_probe_batches_exactly(
     assert first["entropy_tracked"] == first["entropy_exact"] != first["entropy"]
     expected = (sum(exact) + first["entropy_exact"]) / 3
     assert first["entropy_target"] == pytest.approx(expected, abs=1e-3)
+
+
+PROBE_STATES = [a if a != "sampled" else "probe" for a in RUN]
+
+
+def test_the_probe_estimator_rescores_the_same_states_so_a_fixed_policy_reads_one_value(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``estimator probe`` tracks the policy on the target probe's batches, rescored before
+    every update: with the policy all but fixed (lr 1e-12) every iteration reads the same
+    value, while the batches' own exact entropy moves with the prompts drawn."""
+    args = [*PROBE_STATES, "--iterations", "3", "--lr", "1e-12"]
+    assert cli([*args, "--algo.controller.target-probe", "2", "--out", str(tmp_path / "r")]) == 0
+    probe = _probe_values(capsys.readouterr().out)
+    rows = _train_rows(tmp_path / "r")
+    tracked = [r["entropy_tracked"] for r in rows]
+    assert tracked[0] == pytest.approx(sum(probe) / 2, abs=1e-3)  # the probe's states, printed
+    assert max(tracked) - min(tracked) < 1e-6
+    assert all(r["entropy_target"] == pytest.approx(tracked[0], rel=1e-9) for r in rows)
+    # the bonus lever scores the batches' exact entropy anyway: the random model's is near
+    # uniform, so it moves little, but it moves with the prompts drawn
+    batch_exact = [r["entropy_exact"] for r in rows]
+    assert max(batch_exact) - min(batch_exact) > 10 * (max(tracked) - min(tracked)) + 1e-5
+
+
+def test_a_resumed_run_tracks_the_probe_states_of_its_start(tmp_path: Path) -> None:
+    args = [*PROBE_STATES, "--algo.controller.target-probe", "2", "--checkpoint-every", "1"]
+    assert cli([*args, "--iterations", "3", "--out", str(tmp_path / "full")]) == 0
+    assert cli([*args, "--iterations", "2", "--out", str(tmp_path / "cut")]) == 0
+    assert cli([*args, "--iterations", "3", "--resume", "true", "--out", str(tmp_path / "cut")]) == 0
+    full, cut = _train_rows(tmp_path / "full"), _train_rows(tmp_path / "cut")
+    assert [r["iteration"] for r in cut] == [0, 1, 2]
+    for a, b in zip(full, cut, strict=True):
+        assert b["entropy_tracked"] == pytest.approx(a["entropy_tracked"], rel=1e-6, abs=1e-9)
+    assert full[2]["entropy_tracked"] != full[0]["entropy_tracked"]  # the policy did move
+
+
+def test_the_probe_estimator_without_probe_batches_is_one_line_before_any_model_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "bad"
+    assert cli([*PROBE_STATES, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith("set algo.controller.target_probe 1 or more"), err
+    assert not out.exists()
