@@ -117,7 +117,9 @@ def test_the_default_estimator_is_exact_and_a_wrong_one_is_refused_in_one_line()
     assert not grpo.tracks_exact and not grpo.needs_entropy
     with pytest.raises(ValueError, match=r"^algo.controller.estimator: expected one of exact"):
         build_algorithm({"name": "repo-r", "controller": {"estimator": "mean"}})
-    with pytest.raises(ValueError, match=r"^algo.controller.estimator must be exact, sampled or probe"):
+    with pytest.raises(
+        ValueError, match=r"^algo.controller.estimator must be exact, sampled or probe"
+    ):
         ControllerParams(estimator="mean")
 
 

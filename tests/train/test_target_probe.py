@@ -113,7 +113,9 @@ def test_a_resumed_run_tracks_the_probe_states_of_its_start(tmp_path: Path) -> N
     args = [*PROBE_STATES, "--algo.controller.target-probe", "2", "--checkpoint-every", "1"]
     assert cli([*args, "--iterations", "3", "--out", str(tmp_path / "full")]) == 0
     assert cli([*args, "--iterations", "2", "--out", str(tmp_path / "cut")]) == 0
-    assert cli([*args, "--iterations", "3", "--resume", "true", "--out", str(tmp_path / "cut")]) == 0
+    assert (
+        cli([*args, "--iterations", "3", "--resume", "true", "--out", str(tmp_path / "cut")]) == 0
+    )
     full, cut = _train_rows(tmp_path / "full"), _train_rows(tmp_path / "cut")
     assert [r["iteration"] for r in cut] == [0, 1, 2]
     for a, b in zip(full, cut, strict=True):
