@@ -1,5 +1,6 @@
-"""The learner: policy (LoRA, dtypes, FSDP2), exact log-probs, the training recipe, run folders,
-checkpoints and metrics.
+"""The training recipe (``trainer``) and the parts it drives: the run (``run``, ``folder/``), the
+sampler (``sampler/``), the learner (``learner/``, ``devices/``) and evaluation (``evaluation/``);
+``docs/architecture.md`` draws the layout.
 
 The public face is loaded lazily (PEP 562), so ``entrogym.train.config`` stays cheap to import
 for the commands' fail-fast checks::
