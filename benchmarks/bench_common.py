@@ -31,7 +31,7 @@ DEMO = {
     "lora_rank": 16,
     "lora_alpha": 32,
     "temperature": 1.0,
-    # entrogym.train.policy.LORA_TARGETS (the paper's: attention and MLP, not the LM head)
+    # entrogym.train.learner.policy.LORA_TARGETS (the paper's: attention and MLP, not the LM head)
     "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
 }
 

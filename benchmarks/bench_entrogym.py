@@ -106,7 +106,7 @@ def run(
     env_workers: int | None = None,
     max_staleness: int = 0,
 ) -> dict:
-    from entrogym.train.metrics import read_metrics
+    from entrogym.train.folder.metrics import read_metrics
     from entrogym.train.trainer import Trainer
 
     t_spawn = float(os.environ.get("BENCH_SPAWN_TIME", time.time()))

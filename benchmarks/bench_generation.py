@@ -67,7 +67,7 @@ def adapter_versions(work: Workload, folder: Path, count: int) -> list[str]:
     """``count`` versions of a non-zero LoRA adapter of the benchmark's rank and targets."""
     from decode_throughput import publish
 
-    from entrogym.train.policy import LoraSettings, load_policy
+    from entrogym.train.learner.policy import LoraSettings, load_policy
 
     s = work.settings
     lora = LoraSettings(

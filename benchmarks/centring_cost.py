@@ -51,7 +51,7 @@ def _scorer(path: str):
     """``fn(model, ids, mask) -> (logprobs, entropies or None)`` for one path."""
     import torch
 
-    from entrogym.train import logprobs as lp
+    from entrogym.train.learner import logprobs as lp
 
     if path == "raw":
         return lambda m, ids, mask: (lp.sequence_logprobs(m, ids, mask), None)
@@ -76,7 +76,7 @@ def run_case(
     import torch
 
     torch.set_num_threads(threads)
-    from entrogym.train.policy import load_policy
+    from entrogym.train.learner.policy import load_policy
 
     torch.manual_seed(0)
     model = load_policy("smollm2-135m-instruct", dtype="fp32", device=device, seed=0)

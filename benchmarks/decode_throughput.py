@@ -34,7 +34,7 @@ from entrogym.agents.engines import SamplingParams, make_engine
 from entrogym.dtypes import cpu_has_native
 from entrogym.dtypes import torch_dtype as torch_dtype_of
 from entrogym.models import resolve_model
-from entrogym.train.policy import LoraSettings, load_policy, save_adapter
+from entrogym.train.learner.policy import LoraSettings, load_policy, save_adapter
 
 
 def publish(policy, folder: Path, version: int) -> str:

@@ -78,8 +78,8 @@ def cell_name(cell: dict[str, Any]) -> str:
 def run_cell(cell: dict[str, Any], out: Path) -> dict[str, Any]:
     """Train one cell through the demo's own runner (``train_one``); its per-iteration record,
     with the tracking, controller and timing columns the sweep's tables show."""
-    from entrogym.train.metrics import read_metrics
-    from entrogym.train.target_tracking import filled_targets
+    from entrogym.train.evaluation.target_tracking import filled_targets
+    from entrogym.train.folder.metrics import read_metrics
 
     name = cell_name(cell)
     cfg = demo_config(parse_run(cell["algo"]).algo, out / "runs", cell["iters"], cell["lr"], cell["eval_tasks"],

@@ -103,7 +103,7 @@ class TrlJob:
 def run_trl_job(job: TrlJob) -> dict[str, Any]:
     """TRL's run in ``.venv-bench``, then its two adapters scored by entrogym's evaluation; a
     record in the shape of ``entrogym.demo.train_one``'s."""
-    from entrogym.train.precision import apply_threads
+    from entrogym.train.devices.precision import apply_threads
 
     start = time.perf_counter()
     folder = Path(job.folder)

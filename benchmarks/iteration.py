@@ -68,7 +68,7 @@ def build_workload(args: argparse.Namespace) -> Workload:
 
     from entrogym.envs.base import make_text_env, task_ids_of
     from entrogym.models import resolve_model
-    from entrogym.train.rng import iteration_seed
+    from entrogym.train.folder.rng import iteration_seed
 
     settings = dict(DEMO, tasks=args.tasks, samples=args.samples)
     settings["ignore_eos"] = not args.natural_lengths

@@ -66,7 +66,7 @@ def sample_batch(engine: Any, agent: Any, *, tasks: int, k: int, seed: int) -> A
 def make_scorer(policy: torch.nn.Module, batch: Any):
     """The trainer's scoring of rows ``index`` (fp32 log-probs, action-only head, trimmed
     layout) as ``policy_update``'s ScoreFn: ``(index, need_entropy) -> ([b, w], None)``."""
-    from entrogym.train.logprobs import sequence_logprobs
+    from entrogym.train.learner.logprobs import sequence_logprobs
 
     def score(index: torch.Tensor, need_entropy: bool = False):
         ids, attention = batch.tokens(index)
@@ -98,7 +98,7 @@ def update_and_measure(policy, batch: Any, algo: Any, cfg: Any, steps: int) -> l
     from entrogym.algos import EntropyControl
     from entrogym.algos.update import policy_update
     from entrogym.algos.update_batch import UpdateBatch
-    from entrogym.train.policy import trainable_parameters
+    from entrogym.train.learner.policy import trainable_parameters
 
     score = make_scorer(policy, batch)
     n, width, micro = len(batch), batch.mask.shape[1], cfg.micro_batch_size
@@ -134,7 +134,7 @@ def bf16_clipping_claim(args: argparse.Namespace, model: str, agent: Any) -> dic
     from entrogym.agents.engines import make_engine
     from entrogym.algos.presets import get_algorithm
     from entrogym.commands.demo_runs import parse_run
-    from entrogym.train.policy import LoraSettings, load_policy
+    from entrogym.train.learner.policy import LoraSettings, load_policy
 
     algo = get_algorithm(args.algo)
     per_seed: list[list[dict]] = []
@@ -170,8 +170,8 @@ def mismatch_claim(args: argparse.Namespace, model: str, agent: Any) -> dict:
     """Claim 2: per sampler dtype, its batch scored by the exact fp32 learner; the verdict on
     the order of the dtypes."""
     from entrogym.agents.engines import make_engine
-    from entrogym.train.mismatch import sampler_mismatch
-    from entrogym.train.policy import load_base_model
+    from entrogym.train.learner.mismatch import sampler_mismatch
+    from entrogym.train.learner.policy import load_base_model
 
     learner, rows = load_base_model(model, dtype="fp32"), {}
     for dtype in args.dtypes:
@@ -290,7 +290,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def run(args: argparse.Namespace) -> dict:
     """Both claims as one JSON-ready report."""
     from entrogym.models import resolve_model
-    from entrogym.train.precision import apply_threads
+    from entrogym.train.devices.precision import apply_threads
 
     if args.threads:
         apply_threads(args.threads)

@@ -49,7 +49,7 @@ def _peak_kib() -> int:
 def run_case(path: str, quantity: str, tokens: int, hidden: int, vocab: int, device: str) -> dict:
     import torch
 
-    from entrogym.train.logprobs import token_entropy, token_logprobs
+    from entrogym.train.learner.logprobs import token_entropy, token_logprobs
 
     torch.manual_seed(0)
     h = torch.randn(tokens, hidden, device=device).requires_grad_()

@@ -81,7 +81,7 @@ def sample_batch(model_dir: str, tasks: int, k: int, tokens: int, seed: int):
 
 
 def score(model, ids, attn, act, micro: int) -> torch.Tensor:
-    from entrogym.train.logprobs import sequence_logprobs
+    from entrogym.train.learner.logprobs import sequence_logprobs
 
     parts = []
     for s in range(0, len(ids), micro):
@@ -121,8 +121,8 @@ def main() -> None:
     p.add_argument("--bound", type=float, default=1e-3, help="max mean |dlogp| vs the sampler")
     args = p.parse_args()
     from entrogym.models import resolve_model
-    from entrogym.train.policy import apply_lora, load_base_model
-    from entrogym.train.precision import apply_threads, cpu_has_native
+    from entrogym.train.devices.precision import apply_threads, cpu_has_native
+    from entrogym.train.learner.policy import apply_lora, load_base_model
 
     if args.threads:
         apply_threads(args.threads)

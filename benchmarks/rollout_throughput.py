@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     if args.threads is not None:  # also OMP_NUM_THREADS for the engine's child processes
-        from entrogym.train.precision import apply_threads
+        from entrogym.train.devices.precision import apply_threads
 
         apply_threads(args.threads)
     agent, prompts = demo_prompts(args.model, args.tasks, args.k)

@@ -24,7 +24,7 @@ from entrogym.agents.agent import LLMAgent
 from entrogym.agents.config import AgentConfig
 from entrogym.agents.engines import make_engine
 from entrogym.atomic import atomic_write_text
-from entrogym.train.evaluation import evaluate_policy, mean_pass_at_k
+from entrogym.train.evaluation.evaluate import evaluate_policy, mean_pass_at_k
 
 ARITHMETIC = "entrogym/Arithmetic-v0"
 REASONING_GYM = "entrogym/ReasoningGym-v0"

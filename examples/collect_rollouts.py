@@ -24,8 +24,8 @@ from entrogym.agents.agent import LLMAgent
 from entrogym.agents.engines import ENGINE_KINDS, SamplingParams, make_engine
 from entrogym.agents.rollout import collect_rollouts
 from entrogym.envs.base import make_text_env, task_ids_of
-from entrogym.train.mismatch import episodes_mismatch
-from entrogym.train.policy import load_base_model
+from entrogym.train.learner.mismatch import episodes_mismatch
+from entrogym.train.learner.policy import load_base_model
 
 SYSTEM = "You are a careful calculator. Answer with the final number in \\boxed{}."
 
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     trainer = load_base_model(args.model, dtype="fp32").eval()
     if args.adapter:
-        from entrogym.train.policy import load_adapter
+        from entrogym.train.learner.policy import load_adapter
 
         trainer = load_adapter(trainer, args.adapter, trainable=False).eval()
     for kind in args.engines:

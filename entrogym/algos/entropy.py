@@ -98,7 +98,7 @@ def exact_batch_entropy(token_entropies: torch.Tensor, mask: torch.Tensor) -> fl
 
     The conditional expectation of :func:`sampled_entropy` given the states: the same mean at
     the same states, without the spread of drawing one token at each. ``token_entropies[B, T]``
-    are the scorer's (``token_entropy_from_logits`` or ``entrogym.train.logprobs``).
+    are the scorer's (``token_entropy_from_logits`` or ``entrogym.train.learner.logprobs``).
     """
     token_entropies = as_float_tensor("token_entropies", token_entropies).detach()
     if not isinstance(mask, torch.Tensor) or mask.shape != token_entropies.shape:
@@ -141,7 +141,7 @@ def token_entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     input stays fp64, for the theory checks).
 
     Differentiable. Materialises the full distribution: fine for bandits and diagnostics; the
-    LLM path computes the same quantity in vocabulary chunks (entrogym.train.logprobs).
+    LLM path computes the same quantity in vocabulary chunks (entrogym.train.learner.logprobs).
     """
     logp = torch.log_softmax(logits if logits.dtype == torch.float64 else logits.float(), dim=-1)
     return -(logp.exp() * logp).sum(dim=-1)

@@ -83,7 +83,7 @@ def token_importance_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor) -
     """w_t = pi_new(a_t|s_t) / pi_old(a_t|s_t) (Sec. 2, PPO objective), from fp32 log-probs.
 
     The ratio is formed from log-probs exactly as given: Thm 3 is about what happens when those
-    were rounded to bf16 first, so callers must pass fp32 (see ``entrogym.train.logprobs``).
+    were rounded to bf16 first, so callers must pass fp32 (see ``entrogym.train.learner.logprobs``).
     """
     return torch.exp(logprobs - old_logprobs)
 

@@ -2,7 +2,7 @@
 
 The command only: options, checks before any model loads, printing and the exit code. What is
 evaluated and how it is scored (the held-out split, the env's evaluation hooks, pass@k, env
-errors) is :mod:`entrogym.train.evaluation`, which the trainer's in-run eval uses too. Past
+errors) is :mod:`entrogym.train.evaluation.evaluate`, which the trainer's in-run eval uses too. Past
 ``--max-env-error-fraction`` the results are printed and saved, and the exit code is 1.
 """
 
@@ -25,14 +25,14 @@ from entrogym.commands.preflight import (
     check_model_fits,
     check_writable_dir,
 )
-from entrogym.train.adapter_check import verify_adapter
-from entrogym.train.evaluation import (
+from entrogym.train.evaluation.evaluate import (
     REPORT_HOOK,
     EvalPlan,
     pass_at_ks,
     plan_evaluation,
     run_evaluation,
 )
+from entrogym.train.folder.adapter_check import verify_adapter
 
 PROG = "entrogym eval"
 # options that are shortcuts for one env keyword argument each (kept from earlier versions)
@@ -166,7 +166,7 @@ def prepare(cfg: EvalConfig) -> EvalPlan:
 
 
 def run_eval(cfg: EvalConfig, plan: EvalPlan) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Roll out and score (:func:`entrogym.train.evaluation.run_evaluation`):
+    """Roll out and score (:func:`entrogym.train.evaluation.evaluate.run_evaluation`):
     ``(eval.json's content, display items)``."""
     from entrogym.agents.agent import LLMAgent
     from entrogym.agents.engines import make_engine

@@ -39,7 +39,7 @@ def build_parser() -> Any:
 
 
 def plot(opts: PlotOptions) -> list[Any]:
-    from entrogym.train.plots import plot_runs
+    from entrogym.train.evaluation.plots import plot_runs
 
     return plot_runs(opts.runs, opts.out or opts.runs[0], metric=opts.metric, split=opts.split)
 

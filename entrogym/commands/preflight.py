@@ -100,7 +100,7 @@ def _check_split(env: Any, env_id: str, split: str | None, option: str, held_out
 
     if split is None:
         if held_out:
-            from entrogym.train.evaluation import held_out_split
+            from entrogym.train.evaluation.evaluate import held_out_split
 
             held_out_split(env)
         return
@@ -208,7 +208,7 @@ def check_model_fits(config: Any, lora_targets: list[str] | None = None) -> None
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        from entrogym.train.policy import missing_lora_targets
+        from entrogym.train.learner.policy import missing_lora_targets
 
         with torch.device("meta"):
             skeleton = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
@@ -219,7 +219,7 @@ def check_trackers(report_to: str, out: str | os.PathLike) -> None:
     """Every tracker of ``--report-to`` is installed (its extra is named otherwise), and every
     local store it writes can be written."""
     from entrogym.extras import require
-    from entrogym.train.trackers import parse_report_to, tracker_stores
+    from entrogym.train.folder.trackers import parse_report_to, tracker_stores
 
     names = parse_report_to(report_to)
     for name in names:
@@ -240,7 +240,7 @@ def check_cache() -> None:
 def check_init_adapter(config: Any) -> None:
     """``init_adapter``, when set, is an adapter (or a run or checkpoint folder holding one)
     whose checksums, base model and LoRA settings fit the run."""
-    from entrogym.train.adapter_check import verify_adapter
+    from entrogym.train.folder.adapter_check import verify_adapter
 
     if config.init_adapter:
         lora = (config.lora_rank, config.lora_alpha, config.lora_target_modules)

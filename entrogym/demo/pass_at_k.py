@@ -52,9 +52,9 @@ def pass_at_k_of(job: PassJob) -> dict[str, float]:
     from entrogym.agents.agent import LLMAgent
     from entrogym.agents.config import AgentConfig
     from entrogym.agents.engines import make_engine
-    from entrogym.train.eval_scores import pass_at_ks
-    from entrogym.train.evaluation import evaluate_policy
-    from entrogym.train.precision import apply_threads
+    from entrogym.train.devices.precision import apply_threads
+    from entrogym.train.evaluation.evaluate import evaluate_policy
+    from entrogym.train.evaluation.scores import pass_at_ks
 
     apply_threads(job.threads)
     cfg = AgentConfig(**(asdict(AGENT) | {"engine": job.engine}

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from entrogym.demo.config import ACCURACY_SLACK, BAND, FALL, FIRST_TRACKED
-from entrogym.train.target_tracking import filled_targets, max_excursion, tracking_error
+from entrogym.train.evaluation.target_tracking import filled_targets, max_excursion, tracking_error
 
 # The report's width, and the longest label the table's run column shows (a longer one is
 # shown as run#N, with its full label under the table).
@@ -28,7 +28,7 @@ def plot_demo(records: list[dict[str, Any]], out: Path) -> list[Path]:
     controlled runs once (dashed) with the goal's +-BAND around it."""
     from matplotlib import pyplot as plt
 
-    from entrogym.train.plots import accuracy_vs_entropy_figure, entropy_figure, load_run
+    from entrogym.train.evaluation.plots import accuracy_vs_entropy_figure, entropy_figure, load_run
 
     names = shown_names(records)
     several_seeds = len({r["seed"] for r in records}) > 1

@@ -56,7 +56,7 @@ def run_job(job: Job | PassJob) -> dict[str, Any]:
     if isinstance(job, PassJob):
         return {"label": job.label, "seed": job.seed, "pass_at_k": pass_at_k_of(job)}
     if job.config is None:
-        from entrogym.train.precision import apply_threads
+        from entrogym.train.devices.precision import apply_threads
 
         apply_threads(job.threads)
         return {"accuracy_before": evaluate_base(job.engine, job.eval_tasks, job.seed)}
@@ -77,7 +77,7 @@ def held_out_accuracy(engine_kind: str, tasks: int, seed: int, *, adapter: str |
     seeded with ``seed``): one grader for any adapter, whichever trainer made it."""
     from entrogym.agents.agent import LLMAgent
     from entrogym.agents.engines import make_engine
-    from entrogym.train.evaluation import evaluate_policy
+    from entrogym.train.evaluation.evaluate import evaluate_policy
 
     cfg = AgentConfig(
         **(asdict(AGENT) | {"engine": engine_kind} | ({"model": model} if model else {}))
@@ -105,8 +105,8 @@ def train_one(config: Any) -> dict[str, Any]:
 def run_record(config: Any, run_dir: Path, wall_s: float) -> dict[str, Any]:
     """A finished run's entropy, targets, reward, coefficient and accuracy, read from its
     ``metrics.jsonl`` (``config``: the TrainConfig it ran with)."""
-    from entrogym.train.metrics import read_metrics
-    from entrogym.train.target_tracking import filled_targets
+    from entrogym.train.evaluation.target_tracking import filled_targets
+    from entrogym.train.folder.metrics import read_metrics
 
     rows = read_metrics(run_dir)
     rows_t = [r for r in rows if r.get("kind", "train") == "train"]

@@ -117,7 +117,7 @@ def _run_folder(root: Path, *names: str) -> Path:
 
 
 def _train_rows(folder: Path) -> list[dict[str, Any]]:
-    from entrogym.train.metrics import read_metrics
+    from entrogym.train.folder.metrics import read_metrics
 
     return [r for r in read_metrics(folder) if r.get("kind", "train") == "train"]
 
@@ -265,7 +265,7 @@ def summarize(
     """``summary.json``: per run and seed, its stage-1 entropy, target, largest excursion,
     accuracy and pass@k on A, and its stage-2 reward curve, accuracy and area on B."""
     from entrogym.demo.report import tracking
-    from entrogym.train.target_tracking import filled_targets
+    from entrogym.train.evaluation.target_tracking import filled_targets
 
     stage2 = {(r["label"], r["seed"]): r for r in results if r.get("stage") == 2}
     passes = {(r["label"], r["seed"]): r["pass_at_k"] for r in results if "pass_at_k" in r}

@@ -166,7 +166,7 @@ def check_bf16_bias(n: int = 2_000_000, seed: int = 2) -> dict[str, Any]:
 def check_softmax_grad(n_rows: int = 4000, vocab: int = 256, seed: int = 3) -> dict[str, Any]:
     """Appendix "Softmax Gradient Numerical Precision": the sampled token's gradient 1 - p vanishes in fp32
     once p > 1 - 2^-23; the fp64 recomputation of that one term restores it. "fixed" is the
-    trainer's own scorer (``entrogym.train.logprobs.token_logprobs`` with ``softmax_fix``).
+    trainer's own scorer (``entrogym.train.learner.logprobs.token_logprobs`` with ``softmax_fix``).
 
     Rows have a sampled (top) token with 1 - p log-uniform on [1e-9, 1e-1]; the reference is the
     autograd gradient in float64 of the same float32 logits.

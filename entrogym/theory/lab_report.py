@@ -13,7 +13,7 @@ from entrogym.algos import ALGORITHMS, AlgorithmConfig
 from entrogym.algos.algorithm import target_params
 from entrogym.atomic import atomic_path, atomic_write_text
 from entrogym.theory.lab_config import LabConfig
-from entrogym.train.target_tracking import max_excursion, tracking_error
+from entrogym.train.evaluation.target_tracking import max_excursion, tracking_error
 
 # REPO-R and ADAPO should hold entropy near the target: final within this share of the initial.
 HOLD_TOLERANCE = 0.25
@@ -38,7 +38,7 @@ def tracking(entropy: np.ndarray, target: np.ndarray) -> tuple[float, float]:
     """(``tracking_error``, ``max_excursion``) of ``entropy[seeds, 1 + iters]`` (column 0 the
     initial policy) against ``target[seeds]``: the mean over seeds of each seed's tracking
     error, and the largest deviation of any seed, both over the second half of the iterations
-    (``entrogym.train.target_tracking``)."""
+    (``entrogym.train.evaluation.target_tracking``)."""
     errors, excursions = [], []
     for curve, aim in zip(entropy[:, 1:], target, strict=True):
         errors.append(tracking_error(curve.tolist(), float(aim)))

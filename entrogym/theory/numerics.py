@@ -30,11 +30,11 @@ def log_softmax_grad(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tenso
 def trainer_logit_grad(
     logits: torch.Tensor, targets: torch.Tensor, softmax_fix: bool
 ) -> torch.Tensor:
-    """The same gradient through the trainer's scorer ``entrogym.train.logprobs.token_logprobs``
+    """The same gradient through the trainer's scorer ``entrogym.train.learner.logprobs.token_logprobs``
     (chunked fp32 path), with or without its fp64 fix of the sampled token's term (appendix
     appendix "Softmax Gradient Numerical Precision"). An identity LM head makes the hidden states the logits, so the
     gradient with respect to the hidden states is the gradient with respect to the logits."""
-    from entrogym.train.logprobs import token_logprobs
+    from entrogym.train.learner.logprobs import token_logprobs
 
     hidden = logits.detach().float().clone().requires_grad_(True)
     eye = torch.eye(logits.shape[-1])

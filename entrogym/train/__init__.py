@@ -1,5 +1,6 @@
-"""The learner: policy (LoRA, dtypes, FSDP2), exact log-probs, the training recipe, run folders,
-checkpoints and metrics.
+"""The training recipe (``trainer``) and the parts it drives: the run (``run``, ``folder/``), the
+sampler (``sampler/``), the learner (``learner/``, ``devices/``) and evaluation (``evaluation/``);
+``docs/architecture.md`` draws the layout.
 
 The public face is loaded lazily (PEP 562), so ``entrogym.train.config`` stays cheap to import
 for the commands' fail-fast checks::
@@ -18,15 +19,15 @@ _EXPORTS = {
     "TrainingStopped": "entrogym.train.trainer",
     "train": "entrogym.train.trainer",
     "collate_episodes": "entrogym.train.batch",
-    "evaluate_policy": "entrogym.train.evaluation",
-    "sequence_logprobs": "entrogym.train.logprobs",
-    "sequence_logprobs_and_entropy": "entrogym.train.logprobs",
-    "sampler_mismatch": "entrogym.train.mismatch",
-    "sampler_entropy_gap": "entrogym.train.mismatch",
-    "load_policy": "entrogym.train.policy",
-    "MetricsLogger": "entrogym.train.metrics",
-    "read_metrics": "entrogym.train.metrics",
-    "latest_checkpoint": "entrogym.train.checkpoint",
+    "evaluate_policy": "entrogym.train.evaluation.evaluate",
+    "sequence_logprobs": "entrogym.train.learner.logprobs",
+    "sequence_logprobs_and_entropy": "entrogym.train.learner.logprobs",
+    "sampler_mismatch": "entrogym.train.learner.mismatch",
+    "sampler_entropy_gap": "entrogym.train.learner.mismatch",
+    "load_policy": "entrogym.train.learner.policy",
+    "MetricsLogger": "entrogym.train.folder.metrics",
+    "read_metrics": "entrogym.train.folder.metrics",
+    "latest_checkpoint": "entrogym.train.folder.checkpoint",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -28,7 +28,7 @@ from entrogym.algos import LEVERS, AlgorithmConfig, algorithm_mapping, get_algor
 from entrogym.algos.aepo import Aepo
 from entrogym.dtypes import DTypeName
 from entrogym.models import LORA_TARGETS
-from entrogym.train.trackers import NO_TRACKER, parse_report_to
+from entrogym.train.folder.trackers import NO_TRACKER, parse_report_to
 
 # Padded tokens per learner micro-batch: about 5 GB of activations for a 135M model in fp32
 # (~2.5 MB a token), whatever the episodes' length; single-turn batches stay under it.

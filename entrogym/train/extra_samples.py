@@ -13,11 +13,11 @@ import torch
 
 from entrogym.algos import EntropyControl, UpdateBatch
 from entrogym.algos.aepo import Aepo
-from entrogym.train import distributed
-from entrogym.train.distributed import Ranks
-from entrogym.train.learner import Learner
+from entrogym.train.devices import distributed
+from entrogym.train.devices.distributed import Ranks
+from entrogym.train.learner.update import Learner
 from entrogym.train.phases import PhaseClock
-from entrogym.train.sampler import Sampler
+from entrogym.train.sampler.engine import Sampler
 
 
 def probe_target(

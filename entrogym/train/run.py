@@ -17,8 +17,9 @@ from typing import Any
 
 import torch
 
-from entrogym.train import distributed
-from entrogym.train.checkpoint import (
+from entrogym.train.config import TrainConfig
+from entrogym.train.devices import distributed
+from entrogym.train.folder.checkpoint import (
     CheckpointWarning,
     intact_checkpoints,
     latest_checkpoint,
@@ -26,19 +27,18 @@ from entrogym.train.checkpoint import (
     read_meta,
     save_checkpoint,
 )
-from entrogym.train.config import TrainConfig
-from entrogym.train.learner import Learner
-from entrogym.train.metrics import MetricsLogger
-from entrogym.train.run_folder import (
+from entrogym.train.folder.metrics import MetricsLogger
+from entrogym.train.folder.safety import (
     NothingToDo,
     RunFileError,
     RunFolder,
     open_run_folder,
     write_error,
 )
+from entrogym.train.folder.state import TrainState
+from entrogym.train.folder.trackers import Trackers, parse_report_to
+from entrogym.train.learner.update import Learner
 from entrogym.train.shutdown import Interrupted
-from entrogym.train.state import TrainState
-from entrogym.train.trackers import Trackers, parse_report_to
 
 
 class Run:

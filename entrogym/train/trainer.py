@@ -6,11 +6,11 @@ in ``entrogym.algos``) and little state: it drives three parts, each owning one 
 
 - ``run`` (:class:`~entrogym.train.run.Run`): the run folder, its lock, resume, checkpoints,
   metrics, trackers and the config history;
-- ``sampler`` (:class:`~entrogym.train.sampler.Sampler`): the rollout engine, the adapters it
+- ``sampler`` (:class:`~entrogym.train.sampler.engine.Sampler`): the rollout engine, the adapters it
   samples with, the kept weight versions, rollouts (ahead of the update with ``max_staleness``
-  K >= 1: ``entrogym.train.pipeline``), the target probe's batches and evaluation (the
+  K >= 1: ``entrogym.train.sampler.pipeline``), the target probe's batches and evaluation (the
   control's own samples, scored by the learner: ``entrogym.train.extra_samples``);
-- ``learner`` (:class:`~entrogym.train.learner.Learner`): the policy, optimizer and loss scaler,
+- ``learner`` (:class:`~entrogym.train.learner.update.Learner`): the policy, optimizer and loss scaler,
   fp32 scoring and the update's steps.
 """
 
@@ -29,26 +29,26 @@ import torch
 from entrogym.agents.engines import Engine
 from entrogym.agents.rollout import EnvErrorBudgetExceeded, RolloutsInterrupted
 from entrogym.algos import EntropyControl, UpdateBatch
-from entrogym.train import distributed
-from entrogym.train.checkpoint import read_training_state, rng_state, set_rng_state
 from entrogym.train.config import TrainConfig
+from entrogym.train.devices import distributed
 from entrogym.train.extra_samples import (
     attach_temperature_samples,
     observe_probe_states,
     probe_target,
     states_to_dict,
 )
-from entrogym.train.learner import Learner
-from entrogym.train.metrics import summary_line
-from entrogym.train.mismatch import sampler_mismatch
+from entrogym.train.folder.checkpoint import read_training_state, rng_state, set_rng_state
+from entrogym.train.folder.metrics import summary_line
+from entrogym.train.folder.safety import NothingToDo, RunFileError
+from entrogym.train.folder.state import TrainState
+from entrogym.train.learner.mismatch import sampler_mismatch
+from entrogym.train.learner.update import Learner
 from entrogym.train.phases import PhaseClock, PhaseHook
-from entrogym.train.pipeline import RolloutPipeline
 from entrogym.train.progress import progress
 from entrogym.train.run import Run
-from entrogym.train.run_folder import NothingToDo, RunFileError
-from entrogym.train.sampler import PROBE_ITERATION, Sampler, TrainingStopped
+from entrogym.train.sampler.engine import PROBE_ITERATION, Sampler, TrainingStopped
+from entrogym.train.sampler.pipeline import RolloutPipeline
 from entrogym.train.shutdown import Interrupted, ShutdownRequest, StopNow
-from entrogym.train.state import TrainState
 
 __all__ = ["PROBE_ITERATION", "STOPS", "Trainer", "TrainingStopped", "train"]
 
@@ -56,7 +56,7 @@ __all__ = ["PROBE_ITERATION", "STOPS", "Trainer", "TrainingStopped", "train"]
 class Trainer:
     """One run. Under ``torchrun`` every rank builds one; rank 0 alone runs the rollout engine,
     evaluates and writes files, and the policy is FSDP2-sharded over the ranks
-    (``entrogym.train.distributed`` explains the split)."""
+    (``entrogym.train.devices.distributed`` explains the split)."""
 
     def __init__(
         self,

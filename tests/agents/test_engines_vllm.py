@@ -25,8 +25,8 @@ from entrogym.agents.engines.vllm_local import model_kv_cache_bytes
 from entrogym.agents.rollout import collect_rollouts
 from entrogym.envs.base import TextEnv, Turn
 from entrogym.models import resolve_model
-from entrogym.train.logprobs import sequence_logprobs
-from entrogym.train.mismatch import ENTROPY_GAP_MAX_Z, engine_entropy_gap, sampler_mismatch
+from entrogym.train.learner.logprobs import sequence_logprobs
+from entrogym.train.learner.mismatch import ENTROPY_GAP_MAX_Z, engine_entropy_gap, sampler_mismatch
 
 pytestmark = pytest.mark.slow
 MODEL = "tiny-random-llama"

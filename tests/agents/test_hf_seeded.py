@@ -8,7 +8,7 @@ from lora_policy import randomise_lora_b
 
 from entrogym.agents.engines import SamplingParams, make_engine
 from entrogym.models import resolve_model
-from entrogym.train.policy import LoraSettings, load_policy, save_adapter
+from entrogym.train.learner.policy import LoraSettings, load_policy, save_adapter
 
 PROMPTS = [[1, 5, 9, 13], [1, 7, 2], [1, 4, 4, 8, 3]] * 2
 PARAMS = SamplingParams(temperature=1.0, max_tokens=6)

@@ -16,8 +16,8 @@ from entrogym.agents.rollout import Episode, collect_rollouts, early_stop_reache
 from entrogym.envs.base import TextEnv, Turn, make_text_env, task_ids_of
 from entrogym.models import resolve_model
 from entrogym.train.batch import collate_episodes
-from entrogym.train.mismatch import episodes_mismatch, sampler_mismatch
-from entrogym.train.policy import load_base_model
+from entrogym.train.learner.mismatch import episodes_mismatch, sampler_mismatch
+from entrogym.train.learner.policy import load_base_model
 
 MODEL = "tiny-random-llama"
 

@@ -13,7 +13,11 @@ from transformers import AutoModelForCausalLM
 
 from entrogym.agents.engines import SamplingParams, make_engine
 from entrogym.models import resolve_model
-from entrogym.train.mismatch import ENTROPY_GAP_MAX_Z, engine_entropy_gap, sampler_entropy_gap
+from entrogym.train.learner.mismatch import (
+    ENTROPY_GAP_MAX_Z,
+    engine_entropy_gap,
+    sampler_entropy_gap,
+)
 
 MODEL = "tiny-random-llama"
 

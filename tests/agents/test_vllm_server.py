@@ -20,7 +20,7 @@ from entrogym.agents.rollout import collect_rollouts
 from entrogym.envs.base import make_text_env, task_ids_of
 from entrogym.localserver import free_port
 from entrogym.models import resolve_model
-from entrogym.train.mismatch import ENTROPY_GAP_MAX_Z, engine_entropy_gap, episodes_mismatch
+from entrogym.train.learner.mismatch import ENTROPY_GAP_MAX_Z, engine_entropy_gap, episodes_mismatch
 
 MODEL = "tiny-random-llama"
 

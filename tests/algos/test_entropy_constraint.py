@@ -250,7 +250,7 @@ def test_a_target_from_several_iterations_is_their_mean_and_nothing_moves_before
 
 
 def test_iterations_before_a_late_target_are_judged_against_it():
-    from entrogym.train.target_tracking import filled_targets, max_excursion
+    from entrogym.train.evaluation.target_tracking import filled_targets, max_excursion
 
     entropy = [2.0, 2.6, 1.9, 2.1]
     assert filled_targets([None, None, 2.0, 2.0], entropy) == [2.0] * 4

@@ -15,7 +15,7 @@ from entrogym.commands import eval as eval_command
 from entrogym.commands.options import normalise_argv
 from entrogym.commands.train import build_parser, parse_config
 from entrogym.train.config import TrainConfig
-from entrogym.train.run_folder import saved_algorithm
+from entrogym.train.folder.safety import saved_algorithm
 
 COMMANDS = ("train", "eval", "bandit", "demo", "plot", "theory", "model", "appworld")
 

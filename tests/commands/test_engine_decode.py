@@ -15,8 +15,8 @@ from entrogym.agents import engines
 from entrogym.agents.engines.hf import HFEngine
 from entrogym.commands import eval as eval_command
 from entrogym.commands import train as train_command
-from entrogym.train import policy as policy_module
 from entrogym.train.config import TrainConfig
+from entrogym.train.learner import policy as policy_module
 
 TINY = ["--model", "tiny-random-llama", "--engine", "hf", "--engine-dtype", "fp32"]
 ARITHMETIC = ["--env", "entrogym/Arithmetic-v0", "--env-kwargs", "{num_train: 8, num_test: 4}"]

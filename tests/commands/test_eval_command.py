@@ -10,8 +10,8 @@ import pytest
 import entrogym  # noqa: F401
 from entrogym.commands.eval import cli
 from entrogym.envs.base import make_text_env
-from entrogym.train.adapter_check import verify_adapter
-from entrogym.train.evaluation import held_out_split
+from entrogym.train.evaluation.evaluate import held_out_split
+from entrogym.train.folder.adapter_check import verify_adapter
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TINY = ["--model", "tiny-random-llama", "--engine", "hf", "--engine-dtype", "fp32"]
@@ -47,7 +47,7 @@ def test_eval_of_a_module_env_on_its_held_out_split(tmp_path: Path, monkeypatch)
 
 @pytest.fixture(scope="module")
 def llama_adapter(tmp_path_factory) -> Path:
-    from entrogym.train.policy import load_policy, save_adapter
+    from entrogym.train.learner.policy import load_policy, save_adapter
 
     folder = tmp_path_factory.mktemp("adapters") / "llama"
     return save_adapter(load_policy("tiny-random-llama", seed=0), folder)

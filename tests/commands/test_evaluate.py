@@ -10,7 +10,7 @@ import pytest
 
 from entrogym.commands.eval import cli
 from entrogym.envs.arithmetic import ArithmeticEnv
-from entrogym.train.evaluation import mean_pass_at_k, pass_at_k
+from entrogym.train.evaluation.evaluate import mean_pass_at_k, pass_at_k
 
 TINY = ["--model", "tiny-random-llama", "--engine", "hf", "--engine-dtype", "fp32"]
 

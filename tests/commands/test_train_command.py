@@ -12,7 +12,7 @@ import yaml
 
 from entrogym.algos import algorithm_mapping
 from entrogym.commands.train import cli
-from entrogym.train.run_folder import saved_algorithm
+from entrogym.train.folder.safety import saved_algorithm
 
 QUICK = [
     "--model", "tiny-random-llama", "--engine", "hf", "--engine-dtype", "fp32",

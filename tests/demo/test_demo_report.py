@@ -154,7 +154,7 @@ def test_the_entropy_plot_draws_each_target_once_under_short_names(tmp_path, mon
     from matplotlib import pyplot as plt
 
     from entrogym.demo.report import draw_bands, plot_demo
-    from entrogym.train import plots
+    from entrogym.train.evaluation import plots
 
     figures = []
     make = plots.entropy_figure

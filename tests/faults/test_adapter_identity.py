@@ -19,7 +19,7 @@ import torch
 from entrogym.commands import eval as eval_command
 from entrogym.commands import train as train_command
 from entrogym.models import resolve_model
-from entrogym.train.checkpoint import save_checkpoint
+from entrogym.train.folder.checkpoint import save_checkpoint
 
 MODEL = "tiny-random-llama"
 TINY = ["--model", MODEL, "--engine", "hf", "--engine-dtype", "fp32",
@@ -33,7 +33,7 @@ TRAIN = ["--env", "entrogym/Arithmetic-v0", "--iterations", "1", "--tasks-per-it
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Path:
     """A run folder holding checkpoint iter-000001 of the tiny Llama (LoRA rank 16)."""
-    from entrogym.train.policy import load_policy
+    from entrogym.train.learner.policy import load_policy
 
     folder = tmp_path_factory.mktemp("runs") / "first"
     policy = load_policy(MODEL, seed=0)
@@ -127,7 +127,7 @@ def test_an_adapter_of_another_base_model_is_refused(
 def test_an_adapter_of_the_same_model_under_another_name_is_accepted(
     run: Path, tmp_path: Path
 ) -> None:
-    from entrogym.train.adapter_check import verify_adapter
+    from entrogym.train.folder.adapter_check import verify_adapter
 
     adapter = _copy_run(run / "checkpoints" / "iter-000001" / "adapter", tmp_path / "adapter")
     for base in (
@@ -187,7 +187,7 @@ def test_a_hub_id_in_the_local_cache_is_compared_by_its_config(
 ) -> None:
     import huggingface_hub.constants
 
-    from entrogym.train.adapter_check import verify_adapter
+    from entrogym.train.folder.adapter_check import verify_adapter
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     _cache_hub_model(tmp_path / "hub", "some-org/llama-twin", resolve_model(MODEL))
@@ -203,7 +203,7 @@ def test_a_hub_id_in_the_local_cache_is_compared_by_its_config(
 
 
 def test_a_name_without_a_config_never_builds_the_other_model(tmp_path: Path, monkeypatch) -> None:
-    from entrogym.train.model_identity import base_model_mismatch
+    from entrogym.train.folder.model_identity import base_model_mismatch
 
     monkeypatch.setenv("ENTROGYM_CACHE", str(tmp_path / "cache"))
     mismatch = base_model_mismatch("some-org/other-model-7b", "smollm2-135m-instruct")

@@ -21,7 +21,7 @@ from vowel_env import TINY_SETTINGS
 from entrogym.agents.rollout import collect_rollouts
 from entrogym.algos import get_algorithm
 from entrogym.train.config import TrainConfig
-from entrogym.train.metrics import read_metrics
+from entrogym.train.folder.metrics import read_metrics
 from entrogym.train.trainer import train
 
 ENV = "faults/Hostile-v0"

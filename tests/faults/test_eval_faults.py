@@ -22,7 +22,7 @@ from vowel_env import TINY_SETTINGS
 from entrogym.algos import get_algorithm
 from entrogym.commands.eval import cli
 from entrogym.train.config import TrainConfig
-from entrogym.train.metrics import read_metrics
+from entrogym.train.folder.metrics import read_metrics
 from entrogym.train.trainer import train
 
 # a cut turn (on_turn_budget "step") still reaches env.step
@@ -99,7 +99,7 @@ def test_in_run_eval_rows_carry_env_errors_and_never_mark_best(tmp_path: Path) -
 
 @pytest.fixture(scope="module")
 def adapter(tmp_path_factory) -> Path:
-    from entrogym.train.policy import load_policy, save_adapter
+    from entrogym.train.learner.policy import load_policy, save_adapter
 
     folder = tmp_path_factory.mktemp("adapters") / "good"
     return save_adapter(load_policy("tiny-random-llama", seed=0), folder)

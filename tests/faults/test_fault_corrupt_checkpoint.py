@@ -9,14 +9,14 @@ import pytest
 import torch
 import vowel_env  # registers test/Vowel-v0; TINY_RUN
 
-from entrogym.train.checkpoint import (
+from entrogym.train.config import TrainConfig
+from entrogym.train.folder.checkpoint import (
     CheckpointWarning,
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
 )
-from entrogym.train.config import TrainConfig
-from entrogym.train.metrics import read_metrics
+from entrogym.train.folder.metrics import read_metrics
 from entrogym.train.trainer import train
 
 TINY = {**vowel_env.TINY_RUN, "checkpoint_every": 1}

@@ -7,7 +7,7 @@ import errno
 import pytest
 import torch
 
-from entrogym.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from entrogym.train.folder.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 
 
 def _save(run, it: int, seed: int) -> torch.nn.Module:

@@ -14,9 +14,9 @@ import pytest
 import vowel_env  # registers test/Vowel-v0; TINY_RUN
 from train_process import start_train
 
-from entrogym.train.checkpoint import latest_checkpoint
 from entrogym.train.config import TrainConfig
-from entrogym.train.metrics import read_metrics
+from entrogym.train.folder.checkpoint import latest_checkpoint
+from entrogym.train.folder.metrics import read_metrics
 from entrogym.train.trainer import train
 
 ITERATIONS = 4

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from entrogym.train.config import TrainConfig
-from entrogym.train.run_folder import RunFolderBusy, RunLock, open_run_folder
+from entrogym.train.folder.safety import RunFolderBusy, RunLock, open_run_folder
 
 REPO = Path(__file__).resolve().parents[2]
 HOLD = (
-    "import sys, time; from entrogym.train.run_folder import RunLock; "
+    "import sys, time; from entrogym.train.folder.safety import RunLock; "
     "lock = RunLock(sys.argv[1]); print('locked', flush=True); time.sleep(600)"
 )
 
@@ -83,7 +83,7 @@ def test_second_trainer_fails_fast_before_loading_a_model(tmp_path):
 
 
 FORK_THEN_HOLD = (
-    "import os, sys, time; from entrogym.train.run_folder import RunLock; "
+    "import os, sys, time; from entrogym.train.folder.safety import RunLock; "
     "lock = RunLock(sys.argv[1]); child = os.fork()\n"
     "if child == 0: os.write(1, b'ready\\n'); time.sleep(600); os._exit(0)\n"
     "os.write(1, f'{child}\\n'.encode()); time.sleep(600)"

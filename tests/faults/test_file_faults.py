@@ -13,11 +13,11 @@ import hostile_envs  # noqa: F401  (registers faults/Hostile-v0)
 import pytest
 from hostile_cli import hostile_args, one_line
 
-import entrogym.train.run_folder as run_folder
+import entrogym.train.folder.safety as run_folder
 from entrogym.commands import train as train_command
-from entrogym.train.checkpoint import latest_checkpoint
-from entrogym.train.metrics import read_metrics
-from entrogym.train.run_folder import HISTORY_FILE
+from entrogym.train.folder.checkpoint import latest_checkpoint
+from entrogym.train.folder.metrics import read_metrics
+from entrogym.train.folder.safety import HISTORY_FILE
 
 
 def test_an_unwritable_config_on_resume_is_one_line_and_not_recorded(

@@ -16,8 +16,8 @@ from vowel_env import TINY_RUN
 from entrogym.algos.update_batch import micro_batches
 from entrogym.commands.train import parse_config
 from entrogym.train.config import TrainConfig
-from entrogym.train.learner import Learner
-from entrogym.train.metrics import read_metrics
+from entrogym.train.folder.metrics import read_metrics
+from entrogym.train.learner.update import Learner
 from entrogym.train.trainer import train
 
 

@@ -16,8 +16,8 @@ import pytest
 from vowel_env import TINY_SETTINGS
 
 from entrogym.commands import train as train_command
-from entrogym.train.metrics import read_metrics
-from entrogym.train.run_folder import HISTORY_FILE
+from entrogym.train.folder.metrics import read_metrics
+from entrogym.train.folder.safety import HISTORY_FILE
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["--model", "tiny-random-llama", "--engine", "hf", "--engine-dtype", "fp32"]

@@ -21,9 +21,9 @@ import hostile_envs  # noqa: F401  (registers faults/Hostile-v0)
 import pytest
 import vowel_env  # registers test/Vowel-v0; RESUMABLE_RUN
 
-from entrogym.train.checkpoint import latest_checkpoint, read_meta
 from entrogym.train.config import TrainConfig
-from entrogym.train.metrics import read_metrics
+from entrogym.train.folder.checkpoint import latest_checkpoint, read_meta
+from entrogym.train.folder.metrics import read_metrics
 from entrogym.train.trainer import train
 
 REPO = Path(__file__).resolve().parents[2]

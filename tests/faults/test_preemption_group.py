@@ -19,8 +19,8 @@ import pytest
 import vowel_env  # RESUMABLE_RUN
 from train_process import REPO, start_train
 
-from entrogym.train.checkpoint import latest_checkpoint, read_meta
-from entrogym.train.metrics import read_metrics
+from entrogym.train.folder.checkpoint import latest_checkpoint, read_meta
+from entrogym.train.folder.metrics import read_metrics
 
 SETTINGS = {**vowel_env.RESUMABLE_RUN, "env": "vowel_env:test/Vowel-v0", "checkpoint_every": 2}
 ITERATIONS = 5

@@ -20,7 +20,7 @@ from entrogym.agents.engines.hf import HFEngine
 from entrogym.commands.train import cli, parse_config
 from entrogym.models import resolve_model
 from entrogym.train.config import TrainConfig
-from entrogym.train.metrics import read_metrics
+from entrogym.train.folder.metrics import read_metrics
 from entrogym.train.trainer import Trainer, train
 
 

@@ -15,8 +15,8 @@ import pytest
 from hostile_cli import hostile_args, one_line
 
 from entrogym.commands import train as train_command
-from entrogym.train.metrics import read_metrics
-from entrogym.train.run_folder import HISTORY_FILE
+from entrogym.train.folder.metrics import read_metrics
+from entrogym.train.folder.safety import HISTORY_FILE
 
 
 def _events(out: Path) -> list[tuple[str, int | None]]:

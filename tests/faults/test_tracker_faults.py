@@ -17,8 +17,8 @@ import pytest
 from tracker_records import expected, same, wandb_history
 
 from entrogym.commands.train import cli
-from entrogym.train.metrics import read_metrics
-from entrogym.train.trackers import START_TIMEOUT_S
+from entrogym.train.folder.metrics import read_metrics
+from entrogym.train.folder.trackers import START_TIMEOUT_S
 
 TESTS = Path(__file__).resolve().parents[1]
 ARGS = ["--env", "vowel_env:test/Vowel-v0", "--model", "tiny-random-llama", "--engine", "hf",

@@ -14,7 +14,7 @@ from entrogym.agents.episode import EnvErrorBudgetExceeded
 from entrogym.algos import get_algorithm
 from entrogym.envs import UnicodeText
 from entrogym.train.config import TrainConfig
-from entrogym.train.metrics import read_metrics
+from entrogym.train.folder.metrics import read_metrics
 from entrogym.train.trainer import train
 
 # a cut turn (on_turn_budget "step") still reaches env.step

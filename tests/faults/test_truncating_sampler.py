@@ -17,7 +17,11 @@ from entrogym.agents.engines import SamplingParams, make_engine
 from entrogym.agents.rollout import collect_rollouts
 from entrogym.envs.base import make_text_env, task_ids_of
 from entrogym.models import resolve_model
-from entrogym.train.mismatch import ENTROPY_GAP_MAX_Z, episodes_entropy_gap, episodes_mismatch
+from entrogym.train.learner.mismatch import (
+    ENTROPY_GAP_MAX_Z,
+    episodes_entropy_gap,
+    episodes_mismatch,
+)
 
 
 class TopKEngine:
@@ -52,6 +56,6 @@ def test_truncating_sampler_is_caught_by_the_entropy_gap():
     assert gap["num_tokens"] >= 400, gap
     assert gap["z"] < -ENTROPY_GAP_MAX_Z and gap["gap"] < -0.3, gap
     with pytest.raises(ValueError, match="temperature"):
-        from entrogym.train.mismatch import engine_entropy_gap
+        from entrogym.train.learner.mismatch import engine_entropy_gap
 
         engine_entropy_gap(engine, model, [1, 2], SamplingParams(temperature=0.0))

@@ -92,7 +92,7 @@ def test_plot_keeps_the_last_of_repeated_iteration_rows(tmp_path: Path, capsys) 
     assert (tmp_path / "plots" / "entropy.png").is_file()
     assert "iteration 1 has 2 train rows (lines 2, 3); plotting the last" in captured.err
 
-    from entrogym.train.plots import load_run
+    from entrogym.train.evaluation.plots import load_run
 
     loaded = load_run(run)
     assert loaded.entropy == {0: 1.0, 1: 0.5, 2: 0.4}

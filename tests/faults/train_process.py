@@ -87,9 +87,9 @@ def _nth(n: int) -> Any:
 
 def _inject(fault: str) -> None:
     from entrogym.agents.env_workers import RemoteEnv
-    from entrogym.train import checkpoint
-    from entrogym.train.learner import Learner
-    from entrogym.train.sampler import Sampler
+    from entrogym.train.folder import checkpoint
+    from entrogym.train.learner.update import Learner
+    from entrogym.train.sampler.engine import Sampler
     from entrogym.workers import WorkerProcess
 
     kind, _, arg = fault.partition(":")

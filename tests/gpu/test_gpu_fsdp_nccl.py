@@ -48,8 +48,8 @@ def test_fsdp2_on_nccl_matches_the_unsharded_model(tmp_path):
 def _worker(model_path: str, out_path: str) -> None:
     from fsdp_worker import batch, build_policy, lora_grads
 
-    from entrogym.train.fsdp import full_grad, init_distributed, shard_policy
-    from entrogym.train.logprobs import sequence_logprobs
+    from entrogym.train.devices.fsdp import full_grad, init_distributed, shard_policy
+    from entrogym.train.learner.logprobs import sequence_logprobs
 
     init_distributed("cuda")
     ids, mask = (x.cuda() for x in batch())

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from entrogym.train.logprobs import sequence_logprobs
-from entrogym.train.policy import LoraSettings, load_policy
+from entrogym.train.learner.logprobs import sequence_logprobs
+from entrogym.train.learner.policy import LoraSettings, load_policy
 
 pytestmark = pytest.mark.gpu
 MODEL = "tiny-random-qwen3"

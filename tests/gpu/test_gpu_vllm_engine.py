@@ -10,8 +10,8 @@ from transformers import AutoTokenizer
 from entrogym.agents.agent import LLMAgent
 from entrogym.agents.engines import SamplingParams, make_engine
 from entrogym.models import resolve_model
-from entrogym.train.logprobs import sequence_logprobs
-from entrogym.train.policy import load_base_model
+from entrogym.train.learner.logprobs import sequence_logprobs
+from entrogym.train.learner.policy import load_base_model
 
 pytestmark = pytest.mark.gpu
 MODEL = "tiny-random-llama"

@@ -7,7 +7,7 @@ import torch
 
 from entrogym.algos.entropy import centred_logprobs
 from entrogym.models import tiny_random_config
-from entrogym.train.logprobs import sequence_logprobs, sequence_logprobs_and_entropy
+from entrogym.train.learner.logprobs import sequence_logprobs, sequence_logprobs_and_entropy
 
 
 def test_entropies_align_with_logprobs_under_left_padding() -> None:

@@ -11,8 +11,8 @@ import sys
 
 import torch
 
-from entrogym.train.logprobs import sequence_logprobs
-from entrogym.train.policy import apply_lora, load_base_model
+from entrogym.train.learner.logprobs import sequence_logprobs
+from entrogym.train.learner.policy import apply_lora, load_base_model
 
 
 def build_policy(path: str) -> torch.nn.Module:
@@ -40,7 +40,7 @@ def lora_grads(model: torch.nn.Module, gather) -> dict[str, torch.Tensor]:
 
 
 def main(model_path: str, out_path: str) -> None:
-    from entrogym.train.fsdp import full_grad, init_distributed, shard_policy
+    from entrogym.train.devices.fsdp import full_grad, init_distributed, shard_policy
 
     rank, world = init_distributed("cpu")
     ids, mask = batch()

@@ -17,9 +17,9 @@ from entrogym.agents.engines.hf import HFEngine
 from entrogym.algos import UpdateBatch
 from entrogym.algos.aepo import TemperatureSamples
 from entrogym.commands.train import cli
-from entrogym.train import policy as policy_module
-from entrogym.train.learner import Learner
-from entrogym.train.run_folder import adapter_folder
+from entrogym.train.folder.safety import adapter_folder
+from entrogym.train.learner import policy as policy_module
+from entrogym.train.learner.update import Learner
 
 TASKS, SAMPLES = 4, 2
 RUN = [

@@ -13,7 +13,7 @@ from vowel_env import TINY_SETTINGS  # registers test/Vowel-v0
 from entrogym.commands.eval import cli as eval_cli
 from entrogym.commands.train import cli as train_cli
 from entrogym.models import model_limits, prepare_model
-from entrogym.train.metrics import read_metrics
+from entrogym.train.folder.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = str(ROOT / "examples" / "chat_templates" / "plain.jinja")

@@ -18,11 +18,11 @@ from entrogym.algos import get_algorithm, policy_update
 from entrogym.models import resolve_model
 from entrogym.train.batch import collate_episodes, usable_episodes
 from entrogym.train.config import TrainConfig
-from entrogym.train.learner import Learner
-from entrogym.train.metrics import read_metrics
-from entrogym.train.policy import load_base_model, save_adapter
-from entrogym.train.rng import iteration_seed
-from entrogym.train.run_folder import adapter_folder
+from entrogym.train.folder.metrics import read_metrics
+from entrogym.train.folder.rng import iteration_seed
+from entrogym.train.folder.safety import adapter_folder
+from entrogym.train.learner.policy import load_base_model, save_adapter
+from entrogym.train.learner.update import Learner
 from entrogym.train.trainer import Trainer, train
 
 RUN = TINY_RUN | dict(
@@ -192,8 +192,8 @@ def test_async_run_killed_mid_pipeline_resumes_exactly(tmp_path, monkeypatch):
 
 
 def test_weight_versions_swap_in_and_back(tmp_path):
-    from entrogym.train.policy import LoraSettings, load_policy
-    from entrogym.train.versions import WeightVersions
+    from entrogym.train.learner.policy import LoraSettings, load_policy
+    from entrogym.train.learner.versions import WeightVersions
 
     model = load_policy(resolve_model("tiny-random-llama"), lora=LoraSettings(r=4, alpha=8))
     versions = WeightVersions(model, keep=2)

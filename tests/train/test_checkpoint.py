@@ -17,8 +17,8 @@ import pytest
 import torch
 from tiny_llama import tiny_llama_config
 
-from entrogym.train import checkpoint as ckpt
-from entrogym.train.checkpoint import (
+from entrogym.train.folder import checkpoint as ckpt
+from entrogym.train.folder.checkpoint import (
     CheckpointWarning,
     best_checkpoint,
     latest_checkpoint,
@@ -28,7 +28,7 @@ from entrogym.train.checkpoint import (
     resolve_adapter,
     save_checkpoint,
 )
-from entrogym.train.metrics import read_metrics
+from entrogym.train.folder.metrics import read_metrics
 
 BASE = "tiny-llama-test"
 
@@ -251,8 +251,8 @@ TOY = textwrap.dedent(
     """
     import os, random, signal, sys
     import numpy as np, torch
-    from entrogym.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-    from entrogym.train.metrics import MetricsLogger
+    from entrogym.train.folder.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+    from entrogym.train.folder.metrics import MetricsLogger
 
     def main(run_dir, iterations, kill_at=0):
         if kill_at:

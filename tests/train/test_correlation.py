@@ -10,9 +10,9 @@ import pytest
 from scipy import stats
 
 from entrogym.cli import main as entrogym_main
-from entrogym.train.correlation import average_ranks, pearson, spearman
-from entrogym.train.metrics import MetricsLogger
-from entrogym.train.plots import accuracy_entropy_correlation, load_run
+from entrogym.train.evaluation.correlation import average_ranks, pearson, spearman
+from entrogym.train.evaluation.plots import accuracy_entropy_correlation, load_run
+from entrogym.train.folder.metrics import MetricsLogger
 
 XS = [0.3, 1.7, 1.7, 4.0, 2.2, 9.1, 0.3]
 YS = [0.10, 0.35, 0.20, 0.80, 0.35, 0.95, 0.15]

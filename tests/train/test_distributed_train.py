@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from entrogym.agents.engines import make_engine
 from entrogym.localserver import free_port
 from entrogym.models import resolve_model
-from entrogym.train.checkpoint import latest_checkpoint, read_training_state
+from entrogym.train.folder.checkpoint import latest_checkpoint, read_training_state
 
 TESTS = Path(__file__).resolve().parents[1]  # vowel_env.py lives there
 MODEL = "tiny-random-llama"

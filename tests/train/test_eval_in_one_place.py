@@ -1,5 +1,5 @@
 """The trainer's eval row and ``entrogym eval`` are one evaluation: the same adapter, tasks and
-seed give the same numbers (``entrogym.train.evaluation``)."""
+seed give the same numbers (``entrogym.train.evaluation.evaluate``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from vowel_env import TINY_SETTINGS  # registers test/Vowel-v0 (graded rewards: 
 from entrogym.algos import get_algorithm
 from entrogym.commands.eval import cli
 from entrogym.train.config import TrainConfig
-from entrogym.train.metrics import read_metrics
+from entrogym.train.folder.metrics import read_metrics
 from entrogym.train.trainer import train
 
 SETTINGS = TINY_SETTINGS | dict(max_response_tokens=6, max_context_tokens=128, temperature=1.0)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from entrogym.agents.episode import Episode
-from entrogym.train.eval_scores import distinct_correct, final_answer, pass_at_ks
-from entrogym.train.evaluation import EvalPlan, _scores, _task_rows
+from entrogym.train.evaluation.evaluate import EvalPlan, _scores, _task_rows
+from entrogym.train.evaluation.scores import distinct_correct, final_answer, pass_at_ks
 
 
 def test_the_reported_ks() -> None:

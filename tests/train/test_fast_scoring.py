@@ -7,8 +7,12 @@ import pytest
 import torch
 from lora_policy import randomise_lora_b
 
-from entrogym.train.logprobs import LAYOUTS, sequence_logprobs, sequence_logprobs_and_entropy
-from entrogym.train.policy import apply_lora, load_base_model
+from entrogym.train.learner.logprobs import (
+    LAYOUTS,
+    sequence_logprobs,
+    sequence_logprobs_and_entropy,
+)
+from entrogym.train.learner.policy import apply_lora, load_base_model
 
 # fp32 everywhere; the paths differ only in the order of the body's reductions.
 LOGP_TOL = 1e-6

@@ -13,7 +13,7 @@ import torch
 
 from entrogym.localserver import free_port
 from entrogym.models import resolve_model
-from entrogym.train.logprobs import sequence_logprobs
+from entrogym.train.learner.logprobs import sequence_logprobs
 
 WORKER = Path(__file__).with_name("fsdp_worker.py")
 

@@ -16,7 +16,7 @@ import bench_entrogym  # noqa: E402
 import bench_report  # noqa: E402
 import iteration  # noqa: E402
 
-from entrogym.train.policy import load_base_model  # noqa: E402
+from entrogym.train.learner.policy import load_base_model  # noqa: E402
 
 
 def test_vs_trl_without_the_bench_env_names_the_command(monkeypatch, tmp_path):

@@ -9,7 +9,7 @@ import torch
 from lora_policy import randomise_lora_b
 
 from entrogym.models import resolve_model
-from entrogym.train.logprobs import (
+from entrogym.train.learner.logprobs import (
     SOFTMAX_FIX_LOGP_THRESHOLD,
     lm_head_weight,
     sequence_logprobs,
@@ -17,7 +17,7 @@ from entrogym.train.logprobs import (
     token_entropy,
     token_logprobs,
 )
-from entrogym.train.policy import apply_lora, load_base_model
+from entrogym.train.learner.policy import apply_lora, load_base_model
 
 TOL = 1e-5
 
@@ -336,7 +336,7 @@ def test_cce_forward_path_has_the_exact_fp32_backward(monkeypatch):
     # chunked backward. The real kernel runs in the gpu test; here its forward is a CPU double.
     import cut_cross_entropy
 
-    from entrogym.train import lm_head_kernels
+    from entrogym.train.learner import lm_head_kernels
 
     monkeypatch.setattr(cut_cross_entropy, "linear_cross_entropy", _kernel_like_cce)
     gen = torch.Generator().manual_seed(1)

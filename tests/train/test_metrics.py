@@ -8,7 +8,7 @@ import math
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from entrogym.train.metrics import MetricsLogger, cumulative_entropy, read_metrics
+from entrogym.train.folder.metrics import MetricsLogger, cumulative_entropy, read_metrics
 
 
 def _row(it: int, entropy: float) -> dict:

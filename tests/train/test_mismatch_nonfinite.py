@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from entrogym.train.mismatch import sampler_mismatch
+from entrogym.train.learner.mismatch import sampler_mismatch
 
 
 def test_non_finite_sampler_logprobs_are_counted_and_left_out():

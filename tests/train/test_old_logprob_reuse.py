@@ -15,8 +15,8 @@ from entrogym.agents.episode import Episode
 from entrogym.algos import EntropyControl, UpdateBatch, build_algorithm, policy_update
 from entrogym.algos.update import score_old_logprobs
 from entrogym.train.batch import collate_episodes
-from entrogym.train.logprobs import sequence_logprobs, sequence_logprobs_and_entropy
-from entrogym.train.policy import apply_lora, load_base_model, trainable_parameters
+from entrogym.train.learner.logprobs import sequence_logprobs, sequence_logprobs_and_entropy
+from entrogym.train.learner.policy import apply_lora, load_base_model, trainable_parameters
 
 
 @pytest.fixture(scope="module")

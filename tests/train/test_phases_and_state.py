@@ -6,8 +6,8 @@ import time
 
 import pytest
 
+from entrogym.train.folder.state import TrainState
 from entrogym.train.phases import PHASES, PhaseClock
-from entrogym.train.state import TrainState
 
 
 def test_phase_clock_sums_per_phase_and_calls_hooks_with_the_blocks_info():

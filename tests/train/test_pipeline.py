@@ -9,7 +9,7 @@ import time
 import pytest
 
 from entrogym.commands.train import parse_config
-from entrogym.train.pipeline import RolloutPipeline, sampling_version
+from entrogym.train.sampler.pipeline import RolloutPipeline, sampling_version
 
 
 def test_sampling_version_is_k_behind_and_never_below_the_floor():

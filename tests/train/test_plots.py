@@ -7,14 +7,14 @@ from matplotlib import pyplot as plt
 from matplotlib.collections import PolyCollection
 
 from entrogym.cli import main as entrogym_main
-from entrogym.train.metrics import MetricsLogger, cumulative_entropy
-from entrogym.train.plots import (
+from entrogym.train.evaluation.plots import (
     accuracy_figure,
     accuracy_vs_entropy_figure,
     entropy_figure,
     load_run,
     plot_runs,
 )
+from entrogym.train.folder.metrics import MetricsLogger, cumulative_entropy
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -7,9 +7,15 @@ import json
 import pytest
 import torch
 
-from entrogym.train import precision
-from entrogym.train.logprobs import sequence_logprobs
-from entrogym.train.policy import (
+from entrogym.train.devices import precision
+from entrogym.train.devices.precision import (
+    LossScaler,
+    check_device_dtype,
+    loss_scaler_for,
+    resolve_dtype,
+)
+from entrogym.train.learner.logprobs import sequence_logprobs
+from entrogym.train.learner.policy import (
     LORA_TARGETS,
     LoraSettings,
     load_adapter,
@@ -18,7 +24,6 @@ from entrogym.train.policy import (
     save_adapter,
     trainable_parameters,
 )
-from entrogym.train.precision import LossScaler, check_device_dtype, loss_scaler_for, resolve_dtype
 
 
 def _ids(seed: int = 0) -> torch.Tensor:

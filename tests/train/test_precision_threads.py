@@ -9,9 +9,9 @@ import torch
 
 from entrogym import dtypes
 from entrogym.dtypes import cpu_flags, cpu_has_native
-from entrogym.train.logprobs import sequence_logprobs
-from entrogym.train.policy import apply_lora, load_base_model
-from entrogym.train.precision import apply_threads, check_device_dtype
+from entrogym.train.devices.precision import apply_threads, check_device_dtype
+from entrogym.train.learner.logprobs import sequence_logprobs
+from entrogym.train.learner.policy import apply_lora, load_base_model
 
 NATIVE_BF16 = cpu_has_native(torch.bfloat16)
 

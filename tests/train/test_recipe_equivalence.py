@@ -24,7 +24,7 @@ import vowel_env  # noqa: F401  (registers test/Vowel-v0)
 
 from entrogym.algos import UpdateBatch
 from entrogym.cli import main
-from entrogym.train.checkpoint import latest_checkpoint, read_training_state
+from entrogym.train.folder.checkpoint import latest_checkpoint, read_training_state
 
 GOLDEN = Path(__file__).parent / "data" / "recipe_golden.json"
 

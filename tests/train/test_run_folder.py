@@ -11,18 +11,18 @@ import vowel_env  # registers test/Vowel-v0; TINY_RUN
 import yaml
 
 from entrogym.algos import algorithm_mapping, get_algorithm
-from entrogym.train import learner as learner_module
-from entrogym.train import run_folder
-from entrogym.train.checkpoint import save_checkpoint
 from entrogym.train.config import TrainConfig
-from entrogym.train.run_folder import (
+from entrogym.train.folder import safety as run_folder
+from entrogym.train.folder.checkpoint import save_checkpoint
+from entrogym.train.folder.layout import is_entrogym_run
+from entrogym.train.folder.safety import (
     RunFolderError,
     config_differences,
     open_run_folder,
     prune_adapters,
     saved_algorithm,
 )
-from entrogym.train.run_layout import is_entrogym_run
+from entrogym.train.learner import update as learner_module
 from entrogym.train.trainer import train
 
 SMALL = vowel_env.TINY_RUN
@@ -111,7 +111,7 @@ def new_controller(max_: float) -> dict:
 
 
 def test_engine_may_move_but_not_change_its_sampler():
-    from entrogym.train.run_folder import refused_changes
+    from entrogym.train.folder.safety import refused_changes
 
     moved = config_differences(
         {"algo": "grpo", "engine": "vllm"}, {"algo": "grpo", "engine": "vllm-server"}

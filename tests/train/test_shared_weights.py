@@ -11,8 +11,8 @@ from entrogym.agents.engines import SamplingParams, make_engine
 from entrogym.agents.engines.shared_weights import frozen_base_tensors, model_on_tensors
 from entrogym.models import resolve_model
 from entrogym.train.config import TrainConfig
-from entrogym.train.policy import LoraSettings, load_policy
-from entrogym.train.run_folder import adapter_folder
+from entrogym.train.folder.safety import adapter_folder
+from entrogym.train.learner.policy import LoraSettings, load_policy
 from entrogym.train.trainer import Trainer
 
 RUN = TINY_RUN | dict(iterations=2, lr=1e-2, max_grad_norm=1.0)

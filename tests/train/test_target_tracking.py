@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from entrogym.train.target_tracking import deviations, max_excursion, tracking_error
+from entrogym.train.evaluation.target_tracking import deviations, max_excursion, tracking_error
 
 
 def test_tracking_error_is_the_mean_deviation_over_the_second_half():

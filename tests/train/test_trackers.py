@@ -18,8 +18,8 @@ from vowel_env import TINY_SETTINGS
 from entrogym.algos import get_algorithm
 from entrogym.commands.train import cli, parse_config
 from entrogym.train.config import TrainConfig
-from entrogym.train.metrics import read_metrics
-from entrogym.train.trackers import mlflow_name, parse_report_to
+from entrogym.train.folder.metrics import read_metrics
+from entrogym.train.folder.trackers import mlflow_name, parse_report_to
 from entrogym.train.trainer import train
 
 TESTS = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ import pytest
 from vowel_env import TINY_SETTINGS
 
 from entrogym.commands.train import cli
-from entrogym.train.metrics import read_metrics
+from entrogym.train.folder.metrics import read_metrics
 
 TINY = ["--model", "tiny-random-llama", "--engine", "hf", "--engine-dtype", "fp32",
         "--iterations", "2", "--tasks-per-iter", "2", "--samples", "2",

@@ -17,9 +17,9 @@ from entrogym.algos import get_algorithm
 from entrogym.algos.algorithm import target_params
 from entrogym.algos.presets import ALGORITHMS
 from entrogym.commands.train import parse_config
-from entrogym.train.checkpoint import latest_checkpoint
 from entrogym.train.config import TrainConfig
-from entrogym.train.metrics import read_metrics
+from entrogym.train.folder.checkpoint import latest_checkpoint
+from entrogym.train.folder.metrics import read_metrics
 from entrogym.train.phases import PHASES
 from entrogym.train.trainer import train
 

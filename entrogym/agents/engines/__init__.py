@@ -11,7 +11,7 @@ kind                      what runs
 
 At temperature 1 with ``top_k=0`` and ``top_p=1`` every engine samples from the model's full
 distribution: no setting comes from the checkpoint's ``generation_config`` (see
-``entrogym.train.mismatch.sampler_entropy_gap`` for the check).
+``entrogym.train.learner.mismatch.sampler_entropy_gap`` for the check).
 """
 
 from __future__ import annotations

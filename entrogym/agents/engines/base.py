@@ -269,7 +269,7 @@ def check_adapter(adapter: str | os.PathLike, base_model: str) -> str:
     if not (folder / "adapter_config.json").is_file():
         raise ValueError(
             f"adapter {str(adapter)!r} is not a peft adapter folder (no adapter_config.json); "
-            "pass a folder written by save_pretrained / entrogym.train.policy.save_adapter"
+            "pass a folder written by save_pretrained / entrogym.train.learner.policy.save_adapter"
         )
     weights = folder / "adapter_model.safetensors"
     if not weights.is_file():

@@ -3,7 +3,7 @@
 Figure 1 (right) of the paper plots each checkpoint's test accuracy against the cumulative
 entropy experienced up to it, and reads a rising trend: runs that kept more entropy end more
 accurate. :func:`correlation_of` puts a number on that trend over a set of runs, one point per
-run (``entrogym.train.plots.accuracy_entropy_correlation`` takes each run's last evaluated
+run (``entrogym.train.evaluation.plots.accuracy_entropy_correlation`` takes each run's last evaluated
 checkpoint), so that one run's many checkpoints do not outweigh the others.
 """
 

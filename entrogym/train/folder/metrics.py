@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from entrogym.train.trackers import TB_DIR, TensorboardTracker, Trackers
+from entrogym.train.folder.trackers import TB_DIR, TensorboardTracker, Trackers
 
 METRICS_FILE = "metrics.jsonl"
 # Row fields that index the row rather than measure something; not sent to TensorBoard.
@@ -124,7 +124,7 @@ def strict_json_row(row: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
 
 class MetricsLogger:
     """Append rows to ``RUN/metrics.jsonl`` and the same numeric scalars to ``RUN/tb/`` and to
-    the run's other trackers (``trackers``: :class:`entrogym.train.trackers.Trackers`).
+    the run's other trackers (``trackers``: :class:`entrogym.train.folder.trackers.Trackers`).
 
     ``resume_rows=N`` keeps only the first N complete rows (the metrics offset saved in the
     checkpoint being resumed); TensorBoard events from the dropped steps on are purged.
@@ -147,7 +147,7 @@ class MetricsLogger:
         self.rows = len(kept)
         self.nonfinite: dict[str, int] = {}  # field -> rows where it was NaN/inf (written null)
         self._fh = open(self.path, "ab")  # noqa: SIM115 (held open for the run)
-        self._trackers = trackers  # entrogym.train.trackers.Trackers: the other --report-to
+        self._trackers = trackers  # entrogym.train.folder.trackers.Trackers: the other --report-to
         if tensorboard:
             # Steps logged after the checkpoint are logged again; hide their old events.
             purge = None

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from entrogym.train.checkpoint_verify import CheckpointWarning
+from entrogym.train.folder.checkpoint_verify import CheckpointWarning
 
 
 def rng_state() -> dict[str, Any]:

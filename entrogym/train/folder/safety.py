@@ -10,7 +10,7 @@ What a run folder guarantees (``docs/runs.md``, "Run folder safety"):
   run and ``--resume`` both refuse a folder that holds files but is not an entrogym run,
   before touching anything in it. Runs made before the marker existed are recognised by
   their layout (``config.yaml`` naming env, model and algo, next to ``checkpoints/`` or
-  ``adapters/``). These read-only checks live in :mod:`entrogym.train.run_layout`.
+  ``adapters/``). These read-only checks live in :mod:`entrogym.train.folder.layout`.
 - **Starting over.** A run that stopped before its first checkpoint learned nothing a new
   config would contradict: a new start or a ``--resume`` in its folder starts it over, with
   changed values if need be (its rows are dropped; the history records a ``restart``).
@@ -42,7 +42,7 @@ import yaml
 from entrogym.algos import AlgorithmConfig, algorithm_mapping, build_algorithm
 from entrogym.atomic import atomic_write_text
 from entrogym.localserver import pid_alive
-from entrogym.train.run_layout import (
+from entrogym.train.folder.layout import (
     ADAPTERS_DIR,
     CONFIG_FILE,
     HISTORY_FILE,

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from entrogym.train.precision import resolve_dtype
+from entrogym.train.devices.precision import resolve_dtype
 
 
 def mixed_precision_policy(
@@ -64,7 +64,7 @@ def shard_policy(
     if not dist.is_initialized():
         raise RuntimeError(
             "FSDP2 needs torch.distributed to be initialised; launch with torchrun and call "
-            "entrogym.train.fsdp.init_distributed() first"
+            "entrogym.train.devices.fsdp.init_distributed() first"
         )
     # Only the root casts its outputs: a layer handing fp32 activations to the next bf16 group
     # would meet bf16 weights outside FSDP's input cast (the final norm and the LM head).

@@ -3,7 +3,7 @@
 In order: the folder (a checkpoint's adapter matches the sha256s of its ``meta.json``, as a
 ``--resume`` checks), the base model it was trained on (``meta.json`` and
 ``adapter_config.json``, compared by the models' own ``config.json``:
-``entrogym.train.model_identity``), its weights (a safetensors file of finite values), its
+``entrogym.train.folder.model_identity``), its weights (a safetensors file of finite values), its
 LoRA matrices against the model's layer shapes, and for ``--init-adapter`` the run's LoRA
 settings. Each failure is one ValueError line that says what to do.
 """
@@ -14,9 +14,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from entrogym.train.checkpoint_verify import read_meta
-from entrogym.train.checkpoint_weights import checkpoint_of, resolve_adapter, verified_meta
-from entrogym.train.model_identity import base_model_mismatch
+from entrogym.train.folder.checkpoint_verify import read_meta
+from entrogym.train.folder.checkpoint_weights import checkpoint_of, resolve_adapter, verified_meta
+from entrogym.train.folder.model_identity import base_model_mismatch
 
 
 def check_adapter_weights(folder: Path) -> None:

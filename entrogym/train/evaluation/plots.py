@@ -6,7 +6,7 @@
 * ``accuracy_vs_cumulative_entropy.png``: one point per eval row of every run, x = cumulative
   entropy up to that iteration, y = accuracy; each run's best point is highlighted.
 * ``correlation.json``: Pearson's and Spearman's correlation of each run's final accuracy with
-  its cumulative entropy (:mod:`entrogym.train.correlation`), also printed.
+  its cumulative entropy (:mod:`entrogym.train.evaluation.correlation`), also printed.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from matplotlib import pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from entrogym.atomic import atomic_path, atomic_write_text  # noqa: E402
-from entrogym.train.correlation import Correlation, correlation_of  # noqa: E402
-from entrogym.train.metrics import cumulative_entropy, read_metrics  # noqa: E402
+from entrogym.train.evaluation.correlation import Correlation, correlation_of  # noqa: E402
+from entrogym.train.folder.metrics import cumulative_entropy, read_metrics  # noqa: E402
 
 # Eval-row fields tried in order when no metric is named: the share of tasks solved.
 ACCURACY_FIELDS = ("accuracy", "success_rate", "tgc", "pass@1")
@@ -201,7 +201,7 @@ def accuracy_vs_entropy_figure(runs: list[Run]) -> Figure:
 
 def accuracy_entropy_correlation(runs: list[Run]) -> Correlation | None:
     """Each run's last evaluated accuracy against its cumulative entropy up to that checkpoint
-    (:func:`entrogym.train.correlation.correlation_of`); None with fewer than 3 such runs."""
+    (:func:`entrogym.train.evaluation.correlation.correlation_of`); None with fewer than 3 such runs."""
     points = []
     for run in runs:
         if run.accuracy:

@@ -3,7 +3,7 @@
 It starts the engine (an in-process ``hf`` engine shares the learner's frozen base weights),
 publishes each weight version as an adapter folder the engine loads (``adapters/vNNNNNN``),
 keeps the versions a stale batch may come from (``--max-staleness``), collects each iteration's
-rollouts (in a rollout thread beside the update when K >= 1: ``entrogym.train.pipeline``), the
+rollouts (in a rollout thread beside the update when K >= 1: ``entrogym.train.sampler.pipeline``), the
 target probe's batches, and the held-out evaluation, which runs on the same engine. Under
 ``torchrun`` rank 0 alone runs the engine; publishing and the kept versions involve every rank.
 """
@@ -31,17 +31,17 @@ from entrogym.agents.env_workers import check_portable, shared_env_workers
 from entrogym.agents.rollout import check_env_errors, collect_rollouts
 from entrogym.algos import UpdateBatch
 from entrogym.envs.base import make_text_env, task_ids_of
-from entrogym.train import distributed
 from entrogym.train.batch import collate_episodes, success_rate, usable_episodes
 from entrogym.train.config import TrainConfig
-from entrogym.train.evaluation import EvalPlan, plan_evaluation, run_evaluation
-from entrogym.train.pipeline import RolloutPipeline
-from entrogym.train.policy import save_adapter
+from entrogym.train.devices import distributed
+from entrogym.train.evaluation.evaluate import EvalPlan, plan_evaluation, run_evaluation
+from entrogym.train.folder.rng import iteration_seed
+from entrogym.train.folder.safety import adapter_folder, prune_adapters, write_error
+from entrogym.train.learner.policy import save_adapter
+from entrogym.train.learner.versions import Weights, WeightVersions
 from entrogym.train.progress import counter, progress
-from entrogym.train.rng import iteration_seed
-from entrogym.train.run_folder import adapter_folder, prune_adapters, write_error
+from entrogym.train.sampler.pipeline import RolloutPipeline
 from entrogym.train.shutdown import ShutdownRequest
-from entrogym.train.versions import Weights, WeightVersions
 
 # The probe batches of a target (``Sampler.probe_batches``) draw their tasks and seeds as these
 # iterations would: far past any run's end, so never a draw the run trains on.
@@ -57,7 +57,7 @@ class TrainingStopped(RuntimeError):
 
 @dataclass(frozen=True)
 class StalenessBudget:
-    """What ``--max-staleness K`` keeps (``entrogym.train.pipeline``): batches are sampled by
+    """What ``--max-staleness K`` keeps (``entrogym.train.sampler.pipeline``): batches are sampled by
     the current weight version or one of the ``K`` before it."""
 
     max_staleness: int

@@ -16,7 +16,7 @@ A checkpoint is written into a ``.tmp-<pid>`` folder, every file fsynced, ``meta
 last, then renamed into place with ``os.replace``: a crash or a full disk at any moment leaves
 either the old set of checkpoints or the old set plus one complete new one. ``latest`` is only
 a hint for people and tools; :func:`latest_checkpoint` scans the folders and verifies them
-(``entrogym.train.checkpoint_verify``). A full disk is reported as one, whatever layer noticed.
+(``entrogym.train.folder.checkpoint_verify``). A full disk is reported as one, whatever layer noticed.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from typing import Any
 import torch
 
 from entrogym.atomic import atomic_write_text, fsync_dir, swap_in_folder
-from entrogym.train import distributed
-from entrogym.train.checkpoint_verify import (
+from entrogym.train.devices import distributed
+from entrogym.train.folder.checkpoint_verify import (
     ADAPTER_DIR,
     CHECKPOINTS_DIR,
     META_FILE,
@@ -50,14 +50,14 @@ from entrogym.train.checkpoint_verify import (
     read_pointer,
     remove_stale_tmp,
 )
-from entrogym.train.checkpoint_weights import (
+from entrogym.train.folder.checkpoint_weights import (
     check_base_model,
     load_adapter_into,
     load_weights,
     resolve_adapter,
     save_weights,
 )
-from entrogym.train.rng import rng_state, set_rng_state
+from entrogym.train.folder.rng import rng_state, set_rng_state
 
 __all__ = [
     "CHECKPOINTS_DIR",
@@ -204,13 +204,13 @@ def save_checkpoint(
     ``OSError(ENOSPC, "No space left on device while writing checkpoint ...")``).
 
     ``weights`` and ``optimizer_state`` are the gathered states of an FSDP2-sharded model (see
-    ``entrogym.train.distributed``); without them they are read from ``model`` and
+    ``entrogym.train.devices.distributed``); without them they are read from ``model`` and
     ``optimizer``. The optimizer state is keyed by parameter name either way, so checkpoints
     move freely between one process and a torchrun group. ``rng`` replaces the RNG states of
     the moment with ones captured earlier (:func:`rng_state`), for a checkpoint of an
     iteration saved after the next one had begun drawing. ``sampler_weights`` are the
     trainable weights of older versions an async run still samples with
-    (``entrogym.train.versions``), by version.
+    (``entrogym.train.learner.versions``), by version.
     """
     _check_save_args(keep, state)
     rng = rng or rng_state()  # before anything below could draw random numbers

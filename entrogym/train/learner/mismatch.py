@@ -25,7 +25,7 @@ from torch import Tensor
 from entrogym.agents.engines import Engine, SamplingParams
 from entrogym.agents.episode import Episode
 from entrogym.train.batch import collate_episodes
-from entrogym.train.logprobs import sequence_logprobs, sequence_logprobs_and_entropy
+from entrogym.train.learner.logprobs import sequence_logprobs, sequence_logprobs_and_entropy
 
 # |z| above this fails the entropy check: an exact sampler passes with probability ~1 - 6e-5.
 ENTROPY_GAP_MAX_Z = 4.0
@@ -96,7 +96,7 @@ def sampler_entropy_gap(
 
     Args: ``logprobs`` (the trainer's exact log-probs of the sampled tokens), ``entropies``
     (the exact entropies at the same positions, e.g. both from
-    ``entrogym.train.logprobs.sequence_logprobs_and_entropy`` at the sampling temperature) and
+    ``entrogym.train.learner.logprobs.sequence_logprobs_and_entropy`` at the sampling temperature) and
     the action ``mask``, all of one shape.
 
     Returns ``gap`` (mean -log pi minus mean entropy, nats), ``stderr``, ``z`` (gap / stderr;

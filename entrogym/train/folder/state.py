@@ -1,7 +1,7 @@
 """``TrainState``: where a run stands between iterations, as a checkpoint saves and restores it.
 
 The weights, the optimizer, the loss scaler and the RNG states are saved beside it
-(``entrogym.train.checkpoint``); this is the rest: the counters the loop carries from one
+(``entrogym.train.folder.checkpoint``); this is the rest: the counters the loop carries from one
 iteration to the next.
 """
 

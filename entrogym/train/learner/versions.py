@@ -1,5 +1,5 @@
 """The trainable (LoRA) weights of recent versions, so that a stale batch is scored under the
-policy that sampled it (``--max-staleness``; ``entrogym.train.pipeline``).
+policy that sampled it (``--max-staleness``; ``entrogym.train.sampler.pipeline``).
 
 The importance ratio's denominator must be the sampling policy: with ``K >= 1`` the batch of
 iteration ``i`` was sampled by version ``i - K`` while the learner holds version ``i``. The

@@ -9,7 +9,7 @@ turn-budget rule. Everything env-specific comes from the env's optional evaluati
 sampling seeded where the engine allows it) and reports pass@k (:func:`pass_at_ks`) and the
 distinct correct answers over the episodes that ran, the env errors, and the env's own fields
 (its per-task columns and report). The same adapter, tasks and seed give the same numbers in a
-run and in ``entrogym eval``. The scores themselves are :mod:`entrogym.train.eval_scores`.
+run and in ``entrogym eval``. The scores themselves are :mod:`entrogym.train.evaluation.scores`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from entrogym.agents.config import TURN_BUDGET_RULES
 from entrogym.agents.engines import Engine, SamplingParams
 from entrogym.agents.rollout import collect_rollouts
 from entrogym.envs.base import env_attr, make_text_env, task_ids_of
-from entrogym.train.eval_scores import (
+from entrogym.train.evaluation.scores import (
     distinct_correct,
     final_answer,
     mean_pass_at_k,

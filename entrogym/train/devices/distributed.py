@@ -1,7 +1,7 @@
 """Data-parallel learner under ``torchrun``: what each rank does and how ranks exchange data.
 
 Layout (the paper's learner node; appendix "Training"): every rank holds an FSDP2 shard of the
-policy (``entrogym.train.fsdp``). Rank 0 alone talks to the rollout engines, evaluates and
+policy (``entrogym.train.devices.fsdp``). Rank 0 alone talks to the rollout engines, evaluates and
 writes files; the batch it collects is broadcast, and every rank then runs the same
 ``policy_update`` on it. Inside each micro-batch the rows are split over the ranks: a rank
 scores only its rows and the log-probs are all-gathered *with autograd*, so the loss (and
@@ -50,7 +50,7 @@ def setup_ranks() -> Ranks:
     """Join torchrun's process group (gloo on CPU, nccl on CUDA) when launched by it."""
     if not launched_by_torchrun():
         return Ranks()
-    from entrogym.train.fsdp import init_distributed
+    from entrogym.train.devices.fsdp import init_distributed
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     rank, world = init_distributed(device)

@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
-from entrogym.train.checkpoint_verify import CHECKPOINTS_DIR, NAME_RE
-from entrogym.train.metrics import METRICS_FILE, TB_DIR
+from entrogym.train.folder.checkpoint_verify import CHECKPOINTS_DIR, NAME_RE
+from entrogym.train.folder.metrics import METRICS_FILE, TB_DIR
 from entrogym.yaml_limits import YamlTooLarge, safe_load
 
 MARKER_FILE = "entrogym-run.json"

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from entrogym.train.checkpoint_verify import (
+from entrogym.train.folder.checkpoint_verify import (
     ADAPTER_DIR,
     CHECKPOINTS_DIR,
     META_FILE,
@@ -24,8 +24,8 @@ from entrogym.train.checkpoint_verify import (
     latest_checkpoint,
     read_meta,
 )
-from entrogym.train.model_identity import base_model_mismatch
-from entrogym.train.run_layout import is_entrogym_run
+from entrogym.train.folder.layout import is_entrogym_run
+from entrogym.train.folder.model_identity import base_model_mismatch
 
 _SOURCES = (
     "pass a run folder, a checkpoint folder (RUN/checkpoints/iter-N) or a peft adapter folder"
@@ -88,7 +88,7 @@ def load_weights(model: torch.nn.Module, adapter_dir: Path, *, what: str) -> Non
 
 def check_base_model(meta: dict[str, Any], base_model: str | None, path: Path) -> None:
     """The checkpoint at ``path`` (its ``meta``) was trained on ``base_model``, told by the
-    models' own ``config.json`` (``entrogym.train.model_identity``); ValueError otherwise."""
+    models' own ``config.json`` (``entrogym.train.folder.model_identity``); ValueError otherwise."""
     saved = meta.get("base_model")
     if base_model is None or saved is None:
         return

@@ -4,7 +4,7 @@ the update runs on.
 :meth:`Learner.update` hands the preset's update (``entrogym.algos.policy_update``) its four
 pieces: ``score`` (exact log-probs and entropies of a micro-batch), ``backward``, ``step``
 (unscale, clip, step) and ``zero_grad``. Under ``torchrun`` the policy is FSDP2-sharded over
-the ranks and every rank scores its share of each micro-batch (``entrogym.train.distributed``).
+the ranks and every rank scores its share of each micro-batch (``entrogym.train.devices.distributed``).
 """
 
 from __future__ import annotations
@@ -16,17 +16,17 @@ import torch
 
 from entrogym.algos import EntropyControl, UpdateBatch, optimizer_steps, policy_update
 from entrogym.algos.aepo import TemperatureSamples
-from entrogym.train import distributed
-from entrogym.train.checkpoint import load_adapter_into
 from entrogym.train.config import TrainConfig
-from entrogym.train.logprobs import sequence_logprobs, sequence_logprobs_and_entropy
-from entrogym.train.mismatch import sampler_entropy_gap
+from entrogym.train.devices import distributed
+from entrogym.train.devices.precision import apply_threads, loss_scaler_for, resolve_dtype
+from entrogym.train.folder.checkpoint import load_adapter_into
+from entrogym.train.folder.rng import iteration_seed
+from entrogym.train.learner.logprobs import sequence_logprobs, sequence_logprobs_and_entropy
+from entrogym.train.learner.mismatch import sampler_entropy_gap
+from entrogym.train.learner.policy import LoraSettings, load_policy, trainable_parameters
+from entrogym.train.learner.versions import WeightVersions
 from entrogym.train.phases import PhaseClock
-from entrogym.train.policy import LoraSettings, load_policy, trainable_parameters
-from entrogym.train.precision import apply_threads, loss_scaler_for, resolve_dtype
 from entrogym.train.progress import progress
-from entrogym.train.rng import iteration_seed
-from entrogym.train.versions import WeightVersions
 
 
 class Learner:
@@ -59,7 +59,7 @@ class Learner:
         """Shard the policy under torchrun, then build the optimizer on its parameters: after
         the weights are loaded (into the whole model), before the optimizer state is."""
         if self.ranks.distributed:
-            from entrogym.train.fsdp import shard_policy
+            from entrogym.train.devices.fsdp import shard_policy
 
             shard_policy(self.policy, param_dtype=self.cfg.dtype)
         self.optimizer = torch.optim.AdamW(

@@ -3,7 +3,7 @@
 The importance ratio of every algorithm is exp(logp_new - logp_old); the paper (Sec. 4,
 appendix "Numerical considerations", Thm 3) shows that computing these log-probs in bf16
 biases the ratio. The LM head's product runs in fp32 from fp32-upcast hidden states, without
-the ``[tokens, vocab]`` logits (kernels in :mod:`entrogym.train.lm_head_kernels`).
+the ``[tokens, vocab]`` logits (kernels in :mod:`entrogym.train.learner.lm_head_kernels`).
 
 Two exact ways to do less work (both default off, so the defaults are the original path):
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from entrogym.train.lm_head_kernels import (  # noqa: F401  (re-exported: the public kernels)
+from entrogym.train.learner.lm_head_kernels import (  # noqa: F401  (re-exported: the public kernels)
     DEFAULT_CHUNK_ELEMENTS,
     IMPLS,
     SOFTMAX_FIX_LOGP_THRESHOLD,

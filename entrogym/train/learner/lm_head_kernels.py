@@ -1,5 +1,5 @@
 """LM-head kernels: exact fp32 log-probs of sampled tokens and exact entropies, without the
-full logits (split from :mod:`entrogym.train.logprobs`, which scores whole sequences).
+full logits (split from :mod:`entrogym.train.learner.logprobs`, which scores whole sequences).
 
 The importance ratio of every algorithm is exp(logp_new - logp_old); the paper (Sec. 4,
 appendix "Numerical considerations", Thm 3) shows that computing these log-probs in bf16

@@ -2,7 +2,7 @@
 
 Defaults follow the paper's training appendix: LoRA rank 16, alpha 32 on q, k, v, o and the
 MLP (gate, up, down); the LM head is not adapted, so the exact log-prob path
-(:mod:`entrogym.train.logprobs`) reads the base head weight. Adapters are saved and loaded in
+(:mod:`entrogym.train.learner.logprobs`) reads the base head weight. Adapters are saved and loaded in
 ``peft``'s standard format (``adapter_config.json`` + ``adapter_model.safetensors``), which
 vLLM's LoRA support reads too.
 """
@@ -19,7 +19,7 @@ import torch
 
 from entrogym.atomic import swap_in_folder
 from entrogym.models import LORA_TARGETS, resolve_model
-from entrogym.train.precision import check_device_dtype, resolve_dtype
+from entrogym.train.devices.precision import check_device_dtype, resolve_dtype
 
 
 @dataclass
@@ -153,7 +153,7 @@ def save_adapter(
     """Save the LoRA adapter in peft's format, atomically (temp folder, then rename).
 
     ``weights``: the adapter's whole tensors when the model is FSDP2-sharded (gathered by
-    ``entrogym.train.distributed.gathered_adapter``); otherwise read from the model."""
+    ``entrogym.train.devices.distributed.gathered_adapter``); otherwise read from the model."""
     if not hasattr(model, "peft_config"):
         raise ValueError("save_adapter needs a peft model (load_policy with LoRA)")
     final = Path(path)

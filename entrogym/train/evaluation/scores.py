@@ -1,7 +1,7 @@
 """The scores of an evaluation, as pure functions: the unbiased pass@k estimator, the ks it is
 reported at, and the number of distinct correct answers of a task.
 
-:mod:`entrogym.train.evaluation` applies them to the episodes it rolled out.
+:mod:`entrogym.train.evaluation.evaluate` applies them to the episodes it rolled out.
 """
 
 from __future__ import annotations
