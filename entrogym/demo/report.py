@@ -37,6 +37,10 @@ def plot_demo(records: list[dict[str, Any]], out: Path) -> list[Path]:
         name = names[r["label"]] + (f" s{r['seed']}" if several_seeds else "")
         run = load_run(Path(r["folder"]))
         run.algo = name  # the plots group by this name: a variant must not merge with its preset
+        if r.get("controlled") and r.get("entropy_tracked"):
+            # the line its band is about: what its controller tracked (exact, sampled or on the
+            # probe's fixed states), not the batch's sampled entropy the metrics row leads with
+            run.entropy = dict(enumerate(r["entropy_tracked"]))
         runs.append(run)
         if r.get("controlled") and all(t is not None for t in r.get("entropy_target") or [None]):
             targets[name] = r["entropy_target"]

@@ -164,6 +164,8 @@ def test_the_entropy_plot_draws_each_target_once_under_short_names(tmp_path, mon
 
     records = default_records()
     records[2]["entropy_target"] = [1.984] * len(HELD)  # a probed target
+    # held tracked another estimate than the batch's sampled entropy the rows lead with
+    records[2]["entropy_tracked"] = [h + 0.5 for h in HELD]
     for r in records:  # run folders with the rows the plots read
         folder = tmp_path / r["label"].replace(" ", "_")
         folder.mkdir()
@@ -180,6 +182,9 @@ def test_the_entropy_plot_draws_each_target_once_under_short_names(tmp_path, mon
     # entropy (one band), held at a probed target (its own band)
     assert legend == ["grpo", "repo-r", "held", "run#4",
                       "repo-r, run#4: target +-25%", "held: target +-25%"]  # fmt: skip
+    lines = {line.get_label(): list(line.get_ydata()) for line in entropy.axes[0].lines}
+    assert lines["held"] == pytest.approx([h + 0.5 for h in HELD])  # the tracked estimate
+    assert lines["grpo"] == pytest.approx(records[0]["entropy"])  # no controller: the rows'
     fig, ax = plt.subplots()
     try:
         targets = {"repo-r": [2.0] * 4, "held": [2.0] * 4, "run#4": [1.5] * 4}
