@@ -92,8 +92,7 @@ class EntropyControl:
         if entropies is None:
             raise ValueError(
                 f"controller.estimator {self.feedback.estimator} tracks exact entropies; score "
-                "the batch with "
-                "need_entropy=True (EntropyControl.measures_exact)"
+                "the batch with need_entropy=True (EntropyControl.measures_exact)"
             )
         return exact_batch_entropy(entropies, mask)
 
@@ -121,6 +120,7 @@ class EntropyControl:
         """One iteration's tracked entropy (``batch_entropy`` of the policy being trained, on
         its experience): recorded, and fed to a controller that steps once per iteration."""
         self.history.append(entropy)
+        self.state_entropy = None  # probe: each iteration's update needs its own measurement
         self._set_target()
         stepwise = self.steps_per_optimizer_step
         if self.controller is not None and not stepwise and self.target is not None:

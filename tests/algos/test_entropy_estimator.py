@@ -179,6 +179,8 @@ def test_the_probe_estimator_tracks_the_states_entropy_it_is_handed_and_costs_th
     assert control.controller.last_entropy == pytest.approx(0.8 * h0, rel=1e-12)
     assert second["entropy_error"] == pytest.approx(-0.2, rel=1e-9)
     assert control.coefficient > coefficient  # below target: the paper's controller doubles
+    with pytest.raises(ValueError, match="observe_states"):  # a stale measurement is not reused
+        _tabular_update("probe", False, control)
 
 
 def test_the_probe_estimator_refuses_an_update_it_was_not_handed_states_for():
