@@ -72,6 +72,7 @@ from entrogym.demo import (
     ENV_KWARGS,
     SAMPLES,
     TASKS,
+    announce_demo,
     goal,
     held_out_accuracy,
     plan_jobs,
@@ -294,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
             resolve_model(args.model)  # dequantises the shipped GGUF once, before the workers
             jobs = plan(args, out, workers, threads)
             print(f"{len(jobs)} jobs on {workers} worker process(es), {threads} thread(s) each")
-            records = run_jobs(jobs, workers, body=run_any)
+            records = run_jobs(jobs, workers, run_any, announce_demo)
         settings = {
             "model": args.model, "engine": "hf", "dtype": "fp32", "env": ENV,
             "env_kwargs": ENV_KWARGS, "tasks": TASKS, "samples": SAMPLES, "max_response_tokens": 48,

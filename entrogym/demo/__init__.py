@@ -15,7 +15,8 @@ first iteration's entropy and the run's held-out accuracy is no more than 0.05 b
 
 The runner and its grader are public too, for work that measures against the demo's own runs
 (``benchmarks/entropy_hold.py``): ``plan_jobs`` (every run and seed as a job), ``run_job`` (one
-job's body), ``run_jobs`` (a process pool), ``held_out_accuracy`` (the eval rows' grader for any
+job's body), ``run_jobs`` (a process pool, ``pool.py``), ``announce_demo`` (a job's line),
+``held_out_accuracy`` (the eval rows' grader for any
 adapter) and ``tracking`` (a run's tracking error and largest excursion from its target).
 """
 
@@ -38,19 +39,20 @@ from entrogym.demo.config import (
     DemoRun,
     demo_config,
 )
+from entrogym.demo.pool import run_jobs
 from entrogym.demo.report import goal, plot_demo, report, tracking, verdict
 from entrogym.demo.run import (
+    announce_demo,
     evaluate_base,
     held_out_accuracy,
     plan_jobs,
     run_demo,
     run_job,
-    run_jobs,
     train_one,
 )
 
 __all__ = [
-    "ACCURACY_SLACK", "AGENT", "BAND", "DEFAULT_ITERATIONS", "DEFAULT_LR", "DEFAULT_RUNS",
+    "ACCURACY_SLACK", "AGENT", "announce_demo", "BAND", "DEFAULT_ITERATIONS", "DEFAULT_LR", "DEFAULT_RUNS",
     "DEFAULT_SEEDS", "DEMO_UPDATE", "DemoRun", "ENV", "ENV_KWARGS", "FALL", "FIRST_TRACKED",
     "SAMPLES", "SYSTEM_PROMPT", "TASKS", "demo_config", "evaluate_base", "goal",
     "held_out_accuracy", "plan_jobs", "plot_demo", "report", "run_demo", "run_job", "run_jobs",

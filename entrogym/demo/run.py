@@ -1,4 +1,5 @@
-"""Running the demo: every (run, seed) and the base model's evaluation as jobs on a process pool.
+"""Running the demo: every (run, seed) and the base model's evaluation as jobs on a process pool
+(``pool.py``), each trained run's pass@k queued the moment it ends.
 
 Each job is its own process with its own ``hf`` engine and ``cores // workers`` torch threads:
 on this project's 2-core machine two 1-thread runs side by side did 1.33x the iterations per
@@ -10,9 +11,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from entrogym.demo.config import (
 )
 from entrogym.demo.log_labels import labelled_output
 from entrogym.demo.pass_at_k import PassJob, Task, final_adapter, pass_at_k_of, pass_line
+from entrogym.demo.pool import run_jobs
 from entrogym.demo.report import goal, plot_demo, report, shown_names
 from entrogym.demo.sequential_report import measured_line
 
@@ -48,6 +48,7 @@ class Job:
     engine: str = AGENT.engine
     spec: str = ""
     name: str = ""
+    model: str | None = None  # the base model's evaluation: None is the demo's model
 
 
 def run_job(job: Job | PassJob) -> dict[str, Any]:
@@ -59,7 +60,8 @@ def run_job(job: Job | PassJob) -> dict[str, Any]:
         from entrogym.train.devices.precision import apply_threads
 
         apply_threads(job.threads)
-        return {"accuracy_before": evaluate_base(job.engine, job.eval_tasks, job.seed)}
+        accuracy = held_out_accuracy(job.engine, job.eval_tasks, job.seed, model=job.model)
+        return {"accuracy_before": accuracy}
     with labelled_output(f"{job.name or job.label} s{job.seed}", job.config.algo.name):
         result = train_one(job.config)
     return {"label": job.label, "spec": job.spec or job.label, "seed": job.seed, **result}
@@ -149,41 +151,13 @@ def plan_jobs(out: Path, runs: list[DemoRun], seeds: list[int], iterations: int,
                                  model=model)  # fmt: skip
             jobs.append(Job(run.label, seed, threads, config, spec=run.spec, name=names[run.label]))
     if eval_tasks and base:
-        jobs.append(Job("base model", seeds[0], threads, eval_tasks=eval_tasks, engine=kind))
+        jobs.append(Job("base model", seeds[0], threads, eval_tasks=eval_tasks, engine=kind,
+                        model=model))  # fmt: skip
     return jobs
 
 
-def run_jobs(
-    jobs: list[Any],
-    workers: int,
-    body: Callable[[Any], dict[str, Any]] = run_job,
-    announce: Callable[[Any, dict[str, Any]], None] | None = None,
-) -> list[dict[str, Any]]:
-    """Run ``jobs`` on ``workers`` fresh processes (in this one when 1), printing each as it
-    ends (``announce(job, result)``; default: the demo's line). ``body`` runs one job (a
-    module-level function, so spawned workers can import it). The first failure, or Ctrl-C,
-    terminates the workers and is raised."""
-    say = announce or _announce_demo
-
-    def done(job: Any, result: dict[str, Any]) -> dict[str, Any]:
-        say(job, result)
-        return result
-
-    if workers == 1:
-        return [done(job, body(job)) for job in jobs]
-    results: dict[int, dict[str, Any]] = {}
-    # one process per job (maxtasksperchild=1): each starts with its own threads and engine;
-    # leaving the with-block terminates the pool, so an error does not wait for other runs
-    with get_context("spawn").Pool(workers, maxtasksperchild=1) as pool:
-        pending = {i: pool.apply_async(body, (job,)) for i, job in enumerate(jobs)}
-        while pending:
-            for i in [i for i, result in pending.items() if result.ready()]:
-                results[i] = done(jobs[i], pending.pop(i).get())  # re-raises its error
-            time.sleep(0.2)
-    return [results[i] for i in range(len(jobs))]
-
-
-def _announce_demo(job: Job | PassJob, result: dict[str, Any]) -> None:
+def announce_demo(job: Job | PassJob, result: dict[str, Any]) -> None:
+    """One line per finished job: a run's entropy and wall time, a pass@k, the base model's."""
     if "pass_at_k" in result:
         print(f"pass@k, {job.label}, seed {job.seed}: {pass_line(result['pass_at_k'])}",
               flush=True)  # fmt: skip
@@ -208,44 +182,56 @@ def run_demo(
     workers: int | None = None,
     pass_tasks: int = PASS_TASKS,
     pass_samples: int = PASS_SAMPLES,
+    model: str | None = None,
 ) -> dict[str, Any]:
     """Evaluate the base model and train each run for each seed (``workers`` processes at a
     time), score pass@k of every final policy and the base model (``pass_tasks`` held-out tasks
-    x ``pass_samples``; none when either is 0), plot, print the report. A non-empty ``out`` is
-    refused (ValueError) so no earlier result is mixed in."""
+    x ``pass_samples``; none when either is 0), plot, print the report. ``model``: None is the
+    demo's SmolLM2 (tests use a tiny one). A non-empty ``out`` is refused (ValueError) so no
+    earlier result is mixed in."""
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"{out} is not empty; remove it or pass --out NEW_DIR")
     from entrogym.models import resolve_model
 
     start = time.perf_counter()
     seeds = list(seeds)
-    resolve_model(AGENT.model)  # dequantises the shipped GGUF once, before the workers start
+    # dequantises the shipped GGUF once, before the workers start
+    resolve_model(model or AGENT.model)
     pass_at = bool(pass_tasks and pass_samples)
     n_jobs = (1 if eval_tasks else 0) + len(runs) * len(seeds) + pass_at
     # Up to two one-thread jobs per core at once: with one per core, the last run finishes
     # alone and the other core idles; two per core keep both busy to the end.
     workers = workers or min(2 * (os.cpu_count() or 1), n_jobs)
-    jobs = plan_jobs(out, runs, seeds, iterations, lr, eval_tasks, workers=workers, engine=engine)
+    jobs = plan_jobs(out, runs, seeds, iterations, lr, eval_tasks, workers=workers, engine=engine,
+                     model=model)  # fmt: skip
     print(f"{n_jobs} jobs on {workers} worker process(es), {jobs[0].threads} thread(s) each",
           flush=True)  # fmt: skip
     kind = engine or AGENT.engine
 
     def pass_job(label: str, seed: int, adapter: str | None) -> PassJob:
         return PassJob(label, seed, Task(ENV, ENV_KWARGS), adapter, pass_tasks, pass_samples,
-                       jobs[0].threads, kind)  # fmt: skip
+                       jobs[0].threads, kind, model)  # fmt: skip
+
+    def then(job: Job | PassJob, result: dict[str, Any]) -> list[PassJob]:
+        """A trained run's pass@k, queued the moment its training ends."""
+        if not (pass_at and isinstance(job, Job) and job.config is not None):
+            return []
+        return [pass_job(result["label"], result["seed"], final_adapter(Path(result["folder"])))]
 
     # the base model's pass@k needs no training: it fills the first phase's spare worker
     first: list[Job | PassJob] = [*jobs, *([pass_job("base model", seeds[0], None)] * pass_at)]
-    results = run_jobs(first, workers, run_job, _announce_demo)
-    records = [r for job, r in zip(first, results, strict=True)
+    # the held run (the last) is the slowest, its probe rescored every iteration: it and its
+    # pass@k keep the normal priority, the rest fill the other core
+    held = runs[-1].label
+    results = run_jobs(first, workers, run_job, announce_demo, then=then,
+                       urgent=lambda job: job.label == held)  # fmt: skip
+    records = [r for job, r in zip(first, results, strict=False)
                if isinstance(job, Job) and job.config is not None]  # fmt: skip
     base = [r for r in results if "accuracy_before" in r]
     base_pass = next((r["pass_at_k"] for r in results if "pass_at_k" in r), None)
+    # the follow-ups' results come after the first phase's, in the trained runs' order
     if pass_at:
-        finals = [pass_job(r["label"], r["seed"], final_adapter(Path(r["folder"])))
-                  for r in records]  # fmt: skip
-        for record, scored in zip(records, run_jobs(finals, workers, run_job, _announce_demo),
-                                  strict=True):  # fmt: skip
+        for record, scored in zip(records, results[len(first) :], strict=True):
             record["pass_at_k"] = scored["pass_at_k"]
     for path in plot_demo(records, out / "plots"):
         print(path)

@@ -22,7 +22,8 @@ from typing import Any
 from entrogym.atomic import atomic_write_text
 from entrogym.demo.config import AGENT, DEFAULT_LR, DEFAULT_RUNS, DemoRun, demo_config
 from entrogym.demo.pass_at_k import PassJob, Task, final_adapter, pass_at_k_of, pass_line
-from entrogym.demo.run import run_jobs, run_record, train_one
+from entrogym.demo.pool import run_jobs
+from entrogym.demo.run import run_record, train_one
 
 __all__ = ["PAIRS", "Plan", "Task", "TaskPair", "run_sequential"]
 
@@ -220,34 +221,50 @@ class Plan:
 
 
 def run_sequential(plan: Plan) -> dict[str, Any]:
-    """Stage 1, then stage 2 beside the pass@k evaluations; writes ``summary.json`` and the
-    plots under ``plan.out`` and prints the report. A non-empty ``out`` is refused."""
+    """Stage 1; each stage-1 run, the moment it ends, continues on B (stage 2) beside its
+    pass@k on A. Writes ``summary.json`` and the plots under ``plan.out`` and prints the
+    report. A non-empty ``out`` is refused."""
     if plan.out.exists() and any(plan.out.iterdir()):
         raise ValueError(f"{plan.out} is not empty; remove it or pass --out NEW_DIR")
     from entrogym.models import resolve_model
 
     start = time.perf_counter()
     resolve_model(plan.model or AGENT.model)  # dequantise the GGUF once, before the workers
-    if plan.stage1_from is None:
-        print(f"stage 1: {len(plan.runs)} run(s) x {len(plan.seeds)} seed(s) on task A "
-              f"({plan.stage1_iterations} iterations)", flush=True)  # fmt: skip
-        stage1 = run_jobs(plan.stage1_jobs(), plan.workers, run_sequential_job, announce)
-    else:
-        stage1 = plan.reused_stage1()
-        print(f"stage 1: reused from {plan.stage1_from}", flush=True)
     reused = plan.reused_passes()
     scored = {(r["label"], r["seed"]) for r in reused}
-    second: list[TrainJob | PassJob] = [plan.stage2_job(r) for r in stage1]
-    second += [plan.pass_job(r["label"], r["seed"], final_adapter(Path(r["folder"])))
-               for r in stage1 if (r["label"], r["seed"]) not in scored]  # fmt: skip
-    if ("base model", plan.seeds[0]) not in scored:
-        second.append(plan.pass_job("base model", plan.seeds[0], None))
-    passes = len(second) - len(stage1)
-    print(f"stage 2: {len(stage1)} run(s) on task B ({plan.stage2_iterations} iterations), "
-          f"and pass@k of {passes} policies on A"
+    base_pass = [] if ("base model", plan.seeds[0]) in scored else [
+        plan.pass_job("base model", plan.seeds[0], None)]  # fmt: skip
+
+    def follow_ups(job: Any, record: dict[str, Any]) -> list[TrainJob | PassJob]:
+        """A finished stage-1 run's stage 2 on B, and its pass@k on A unless reused."""
+        if not (isinstance(job, TrainJob) and job.stage == 1):
+            return []
+        jobs: list[TrainJob | PassJob] = [plan.stage2_job(record)]
+        if (record["label"], record["seed"]) not in scored:
+            jobs.append(plan.pass_job(record["label"], record["seed"],
+                                      final_adapter(Path(record["folder"]))))  # fmt: skip
+        return jobs
+
+    where = f", reused from {plan.stage1_from}" if plan.stage1_from else ""
+    print(f"stage 1: {len(plan.runs)} run(s) x {len(plan.seeds)} seed(s) on task A "
+          f"({plan.stage1_iterations} iterations){where}; each then continues on task B "
+          f"({plan.stage2_iterations} iterations) beside its pass@k on A"
           + (f" ({len(reused)} reused from {plan.stage1_from})" if reused else ""),
           flush=True)  # fmt: skip
-    results = reused + run_jobs(second, plan.workers, run_sequential_job, announce)
+    if plan.stage1_from is None:
+        # each stage-1 run's follow-ups start as soon as it ends; the held runs (the slowest)
+        # keep the normal priority
+        first = [*plan.stage1_jobs(), *base_pass]
+        held = plan.runs[-1].label
+        results = run_jobs(first, plan.workers, run_sequential_job, announce, then=follow_ups,
+                           urgent=lambda job: job.label == held)  # fmt: skip
+        stage1 = [r for r in results if r.get("stage") == 1]
+    else:
+        stage1 = plan.reused_stage1()
+        jobs = [job for r, record in zip(plan.stage1_jobs(), stage1, strict=True)
+                for job in follow_ups(r, record)]  # fmt: skip
+        results = run_jobs(jobs + base_pass, plan.workers, run_sequential_job, announce)
+    results = reused + results
     summary = summarize(plan, stage1, results, time.perf_counter() - start)
     plan.out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(plan.out / "summary.json", json.dumps(summary, indent=2) + "\n")

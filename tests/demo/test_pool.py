@@ -1,0 +1,62 @@
+"""The job pool (``entrogym.demo.pool``): a finished job's follow-ups start at once, results
+come back in a fixed order, and jobs off the critical path run at a lower CPU priority.
+
+The bodies sleep instead of training, so the timing is the pool's own."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import pytest
+
+from entrogym.demo.pool import BACKGROUND_NICE, run_jobs
+
+
+def nap(job: tuple[str, float]) -> dict[str, Any]:
+    """A job body: sleep ``job[1]`` seconds; say when, and at what niceness."""
+    start = time.time()
+    time.sleep(job[1])
+    return {"name": job[0], "start": start, "end": time.time(), "nice": os.nice(0)}
+
+
+def quiet(job: Any, result: dict[str, Any]) -> None:
+    pass
+
+
+def children(job: tuple[str, float], result: dict[str, Any]) -> list[tuple[str, float]]:
+    """``fast`` is followed by two jobs, the first of them by one more; ``slow`` by none."""
+    return {"fast": [("fast.1", 0.2), ("fast.2", 0.0)], "fast.1": [("fast.1.1", 0.0)]}.get(
+        job[0], []
+    )
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_follow_ups_come_back_after_the_jobs_in_their_parents_order(workers: int) -> None:
+    results = run_jobs([("slow", 0.3), ("fast", 0.0)], workers, nap, quiet, then=children)
+    assert [r["name"] for r in results] == ["slow", "fast", "fast.1", "fast.2", "fast.1.1"]
+
+
+def test_a_follow_up_starts_before_the_slowest_first_job_ends() -> None:
+    slow, fast, child, *_ = run_jobs([("slow", 4.0), ("fast", 0.0)], 3, nap, quiet, then=children)
+    assert child["start"] < slow["end"]  # it did not wait for the first phase to finish
+    assert child["start"] >= fast["end"]
+
+
+def test_jobs_off_the_critical_path_run_at_a_lower_priority() -> None:
+    base = os.nice(0)
+    results = run_jobs([("held", 0.0), ("grpo", 0.0), ("fast", 0.0)], 2, nap, quiet,
+                       then=children, urgent=lambda job: job[0] in ("held", "fast.1"))  # fmt: skip
+    nice = {r["name"]: r["nice"] for r in results}
+    low = min(19, base + BACKGROUND_NICE)
+    assert nice == {"held": base, "grpo": low, "fast": low, "fast.1": base, "fast.2": low,
+                    "fast.1.1": low}  # fmt: skip
+
+
+def test_a_failing_follow_up_is_raised() -> None:
+    def bad_children(job: tuple[str, float], result: dict[str, Any]) -> list[tuple[str, float]]:
+        return [("boom", "not a number")] if job[0] == "fast" else []  # type: ignore[list-item]
+
+    with pytest.raises(TypeError):
+        run_jobs([("fast", 0.0)], 2, nap, quiet, then=bad_children)
