@@ -105,15 +105,6 @@ class EntropyControl:
         loss = self.config.loss.params
         return self.lever.clip_range(loss.eps_low, loss.eps_high, self.coefficient)
 
-    @property
-    def probe_batches(self) -> int:
-        """How many batches the trainer samples from the initial policy, before the first
-        update, to measure a ratio target (``controller.target_probe``); 0 once it is known."""
-        params = self.feedback
-        if params is None or params.target_unit == "nats" or self.target is not None:
-            return 0
-        return params.target_probe
-
     # ----- feedback ---------------------------------------------------------------------------
 
     def observe(self, entropy: float) -> None:
@@ -127,8 +118,9 @@ class EntropyControl:
             self.controller.update(entropy, self.target)
 
     def observe_probe(self, entropies: list[float]) -> None:
-        """The probe batches' entropies (``probe_batches``), each ``batch_entropy`` of one
-        batch (so by the controller's estimator): averaged into the target."""
+        """The entropies of the batches the initial policy sampled before the first update
+        (``controller.target_probe`` of them, drawn by the trainer), each ``batch_entropy`` of
+        one batch (so by the controller's estimator): averaged into a ratio target."""
         self.probe = list(entropies)
 
     def observe_states(self, entropy: float) -> None:
@@ -190,6 +182,7 @@ class EntropyControl:
             "controller": None if self.controller is None else self.config.controller.name,
             "target": self.target,
             "history": list(self.history),
+            "probe": list(self.probe),
             "controller_state": None if self.controller is None else self.controller.state_dict(),
         }
 
@@ -209,5 +202,6 @@ class EntropyControl:
                     f"uses {mine[key]!r}; resume with the algorithm the run was started with"
                 )
         self.target, self.history = state["target"], list(state["history"])
+        self.probe = list(state["probe"])
         if self.controller is not None and state["controller_state"] is not None:
             self.controller.load_state_dict(state["controller_state"])

@@ -11,8 +11,9 @@ from typing import Any
 
 import torch
 
-from entrogym.algos import EntropyControl, UpdateBatch
+from entrogym.algos import AlgorithmConfig, EntropyControl, UpdateBatch
 from entrogym.algos.aepo import Aepo
+from entrogym.algos.algorithm import target_params
 from entrogym.train.devices import distributed
 from entrogym.train.devices.distributed import Ranks
 from entrogym.train.learner.update import Learner
@@ -20,14 +21,24 @@ from entrogym.train.phases import PhaseClock
 from entrogym.train.sampler.engine import Sampler
 
 
+def probe_request(algo: AlgorithmConfig, start: int) -> int:
+    """How many batches the sampler draws from the initial policy before the first update, for
+    a ratio target (``algo.controller.target_probe``, validated where it is parsed: a
+    controller without a target, or with one in nats, has none). None on a resumed run
+    (``start`` > 0): its checkpoint holds what the probe measured."""
+    params = target_params(algo)
+    return params.target_probe if params is not None and start == 0 else 0
+
+
 def probe_target(
-    control: EntropyControl, sampler: Sampler, learner: Learner, ranks: Ranks, start: int
-) -> tuple[str | None, list[UpdateBatch]]:
-    """Feed the controller's target ``control.probe_batches`` batches sampled from the initial
-    policy before the first update (``Sampler.probe_batches``), their entropies in the
-    estimator the controller tracks. Returns the line to print (None without a probe) and the
-    batches, which ``estimator probe`` keeps as its fixed states."""
-    n = control.probe_batches
+    algo: AlgorithmConfig, control: EntropyControl, sampler: Sampler, learner: Learner,
+    ranks: Ranks, start: int,
+) -> tuple[str | None, list[UpdateBatch]]:  # fmt: skip
+    """Feed the controller's target ``probe_request`` batches sampled from the initial policy
+    (``Sampler.probe_batches``), their entropies in the estimator the controller tracks.
+    Returns the line to print (None without a probe) and the batches, which ``estimator
+    probe`` keeps as its fixed states."""
+    n = probe_request(algo, start)
     if not n:
         return None, []
     t0 = time.perf_counter()

@@ -123,7 +123,9 @@ class Trainer:
             raise self._interrupted(start - 1)
         self.sampler.publish_adapter(start)
         self.sampler.publish_older_versions(start)
-        probed, batches = probe_target(self.control, self.sampler, self.learner, self.ranks, start)
+        probed, batches = probe_target(
+            self.cfg.algo, self.control, self.sampler, self.learner, self.ranks, start
+        )
         if probed:
             self.run.say(probed)
         if self.control.tracks_probe_states and batches:  # a resumed run keeps its states

@@ -131,3 +131,22 @@ def test_the_probe_estimator_without_probe_batches_is_one_line_before_any_model_
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].endswith("set algo.controller.target_probe 1 or more"), err
     assert not out.exists()
+
+
+def test_a_run_resumed_before_its_target_is_known_keeps_the_probe_of_its_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The target averages the probe and the first 3 iterations; a run cut after 1 resumes
+    with the probe its checkpoint holds (the probe is sampled once, from the initial policy,
+    not again from the resumed one) and reaches the uninterrupted run's target."""
+    args = [*RUN, "--algo.controller.target-probe", "2", "--algo.controller.target-iterations",
+            "3", "--checkpoint-every", "1"]  # fmt: skip
+    assert cli([*args, "--iterations", "3", "--out", str(tmp_path / "full")]) == 0
+    assert cli([*args, "--iterations", "1", "--out", str(tmp_path / "cut")]) == 0
+    capsys.readouterr()
+    resume = [*args, "--iterations", "3", "--resume", "true", "--out", str(tmp_path / "cut")]
+    assert cli(resume) == 0
+    assert "target probe" not in capsys.readouterr().out  # nothing sampled again
+    full, cut = _train_rows(tmp_path / "full"), _train_rows(tmp_path / "cut")
+    assert full[2]["entropy_target"] is not None
+    assert cut[2]["entropy_target"] == pytest.approx(full[2]["entropy_target"], rel=1e-9)
