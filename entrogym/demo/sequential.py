@@ -252,12 +252,9 @@ def run_sequential(plan: Plan) -> dict[str, Any]:
           + (f" ({len(reused)} reused from {plan.stage1_from})" if reused else ""),
           flush=True)  # fmt: skip
     if plan.stage1_from is None:
-        # each stage-1 run's follow-ups start as soon as it ends; the held runs (the slowest)
-        # keep the normal priority
+        # each stage-1 run's follow-ups start as soon as it ends
         first = [*plan.stage1_jobs(), *base_pass]
-        held = plan.runs[-1].label
-        results = run_jobs(first, plan.workers, run_sequential_job, announce, then=follow_ups,
-                           urgent=lambda job: job.label == held)  # fmt: skip
+        results = run_jobs(first, plan.workers, run_sequential_job, announce, then=follow_ups)
         stage1 = [r for r in results if r.get("stage") == 1]
     else:
         stage1 = plan.reused_stage1()
