@@ -40,9 +40,11 @@ class AgentConfig:
             dtype (``auto`` only for ``engine_urls``, whose servers' own dtype applies). bf16
             on a CPU without native bf16 is refused.
         engine_decode: how the ``hf`` engine samples: ``generate`` (``transformers`` generate
-            through peft's LoRA layers) or ``static`` (the adapter merged into a sampling copy
-            of the weights and a static KV cache: several times faster on CPU for Llama-style
-            models, the same tokens under a seed in fp32; docs/rollouts.md). ``hf`` only.
+            through peft's LoRA layers), ``static`` (the adapter merged into a sampling copy of
+            the weights and a static KV cache, for Llama-style models: the same tokens under a
+            seed in fp32) or ``static-cdf`` (the same path with an inverse-CDF draw: the same
+            distribution, other tokens under a seed, faster on CPU; docs/rollouts.md). ``hf``
+            only.
         request_timeout: seconds one request to a ``vllm serve`` may take before it is retried.
         max_lora_rank: largest LoRA rank the vLLM engines accept (None = the run's lora_rank).
         max_loras: adapters an engine keeps loaded at once (vLLM's ``--max-loras``; start your

