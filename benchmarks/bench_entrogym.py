@@ -44,12 +44,13 @@ def train_config(
     from entrogym.algos import get_algorithm
 
     s = work.settings
-    cfg = demo_config(get_algorithm("grpo"), out, work.iterations, s["lr"], eval_tasks=0)
+    # the engine goes through demo_config, which keeps the decode path the hf engine's only
+    cfg = demo_config(get_algorithm("grpo"), out, work.iterations, s["lr"], eval_tasks=0,
+                      engine=engine)  # fmt: skip
     # replace() re-runs TrainConfig's validation on the new values
     return dataclasses.replace(
         cfg,
         model=work.model_dir,
-        engine=engine,
         dtype=work.dtype,
         threads=work.threads,
         seed=work.seed,

@@ -10,10 +10,18 @@ change to the demo's settings reaches every benchmark that measures on them.
 
 from __future__ import annotations
 
-from entrogym.demo import AGENT, DEFAULT_LR, ENV, ENV_KWARGS, SYSTEM_PROMPT, demo_config
+from entrogym.demo import (
+    AGENT,
+    DEFAULT_LR,
+    ENV,
+    ENV_KWARGS,
+    SYSTEM_PROMPT,
+    demo_agent,
+    demo_config,
+)
 
 __all__ = [
-    "AGENT", "DEFAULT_LR", "ENV", "ENV_KWARGS", "SYSTEM_PROMPT", "demo_config", "demo_prompts",
+    "AGENT", "DEFAULT_LR", "ENV", "ENV_KWARGS", "SYSTEM_PROMPT", "demo_agent", "demo_config", "demo_prompts",
 ]  # fmt: skip
 
 

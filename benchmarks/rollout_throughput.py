@@ -17,7 +17,6 @@ with the load average before and after each engine.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import platform
@@ -32,7 +31,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_common import PeakRss  # noqa: E402
-from demo_workload import AGENT, demo_prompts  # noqa: E402
+from demo_workload import AGENT, demo_agent, demo_prompts  # noqa: E402
 
 import entrogym  # noqa: E402, F401
 from entrogym.agents.engines import SamplingParams, make_engine  # noqa: E402
@@ -42,7 +41,7 @@ def measure(kind: str, prompts: list[list[int]], params: SamplingParams, args) -
     load_before = os.getloadavg()
     rss = PeakRss(os.getpid())
     t0 = time.perf_counter()
-    agent = dataclasses.replace(AGENT, engine=kind)
+    agent = demo_agent(kind)  # the demo's settings; the decode path is the hf engine's only
     kwargs = agent.engine_kwargs(max_num_seqs=len(prompts), threads=args.threads)
     engine = make_engine(kind, args.model, **{**kwargs, "dtype": args.dtype})
     startup = time.perf_counter() - t0

@@ -37,6 +37,7 @@ from entrogym.demo.config import (
     SYSTEM_PROMPT,
     TASKS,
     DemoRun,
+    demo_agent,
     demo_config,
 )
 from entrogym.demo.pool import run_jobs
@@ -54,7 +55,7 @@ from entrogym.demo.run import (
 __all__ = [
     "ACCURACY_SLACK", "AGENT", "announce_demo", "BAND", "DEFAULT_ITERATIONS", "DEFAULT_LR", "DEFAULT_RUNS",
     "DEFAULT_SEEDS", "DEMO_UPDATE", "DemoRun", "ENV", "ENV_KWARGS", "FALL", "FIRST_TRACKED",
-    "SAMPLES", "SYSTEM_PROMPT", "TASKS", "demo_config", "evaluate_base", "goal",
+    "SAMPLES", "SYSTEM_PROMPT", "TASKS", "demo_agent", "demo_config", "evaluate_base", "goal",
     "held_out_accuracy", "plan_jobs", "plot_demo", "report", "run_demo", "run_job", "run_jobs",
     "tracking", "train_one", "verdict",
 ]  # fmt: skip

@@ -58,15 +58,34 @@ TASKS, SAMPLES = 4, 4
 # shaping both act.
 DEMO_UPDATE = {"epochs": 1, "minibatch_size": TASKS * SAMPLES // 2}
 # The rollout settings every part of the demo shares (the base model's eval and all runs).
+# static-cdf: the hf engine's merged-weight path with an inverse-CDF draw, ~2x generate's
+# tokens/s on 2 cores from the same distribution (docs/rollouts.md); fp32 keeps the sampler's
+# log-probs equal to the learner's.
 AGENT = AgentConfig(
     model="smollm2-135m-instruct",
     engine="hf",
     engine_dtype="fp32",
+    engine_decode="static-cdf",
     max_response_tokens=48,
     max_context_tokens=256,
     on_turn_budget="step",
     system_prompt=SYSTEM_PROMPT,
 )
+
+
+def demo_agent(
+    engine: str | None = None, model: str | None = None, engine_dtype: str | None = None
+) -> AgentConfig:
+    """AGENT with ``engine``, ``model`` and ``engine_dtype`` replaced where given. The decode
+    path belongs to the ``hf`` engine, so another engine samples its own way."""
+    from entrogym.agents.engines import resolve_engine_kind
+
+    given = {"engine": engine, "model": model, "engine_dtype": engine_dtype}
+    settings = asdict(AGENT) | {k: v for k, v in given.items() if v}
+    settings["engine"] = resolve_engine_kind(settings["engine"])  # auto: hf on a CPU
+    if settings["engine"] != "hf":
+        settings["engine_decode"] = "generate"
+    return AgentConfig(**settings)
 
 
 @dataclass(frozen=True)
@@ -119,8 +138,7 @@ def demo_config(
     from entrogym.train.config import TrainConfig
 
     env_kwargs = ENV_KWARGS if env_kwargs is None else env_kwargs
-    given = {"engine": engine, "model": model, "engine_dtype": engine_dtype}
-    agent = asdict(AGENT) | {k: v for k, v in given.items() if v}
+    agent = asdict(demo_agent(engine, model, engine_dtype))
     evaluation: dict[str, Any] = {"eval_env": None, "eval_every": 0, "eval_tasks": None}
     if eval_tasks:  # held-out accuracy after the first and the last update (the plots' panels)
         evaluation = {"eval_env": env, "eval_env_kwargs": env_kwargs, "eval_split": "test",

@@ -7,11 +7,11 @@ model) on the first held-out tasks of an env with many samples per task.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from entrogym.demo.config import AGENT
+from entrogym.demo.config import demo_agent
 
 
 @dataclass(frozen=True)
@@ -50,15 +50,13 @@ def pass_at_k_of(job: PassJob) -> dict[str, float]:
     policy and its mean number of distinct correct answers per task (``distinct``), sampled as
     the trainer's eval rows sample (temperature 1, seeded with the job's seed)."""
     from entrogym.agents.agent import LLMAgent
-    from entrogym.agents.config import AgentConfig
     from entrogym.agents.engines import make_engine
     from entrogym.train.devices.precision import apply_threads
     from entrogym.train.evaluation.evaluate import evaluate_policy
     from entrogym.train.evaluation.scores import pass_at_ks
 
     apply_threads(job.threads)
-    cfg = AgentConfig(**(asdict(AGENT) | {"engine": job.engine}
-                         | ({"model": job.model} if job.model else {})))  # fmt: skip
+    cfg = demo_agent(job.engine, job.model)
     engine = make_engine(cfg.engine, cfg.model, **cfg.engine_kwargs(seed=job.seed))
     try:
         agent = LLMAgent.from_model(cfg.model, **cfg.agent_kwargs())

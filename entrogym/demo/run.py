@@ -11,11 +11,10 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from entrogym.agents.config import AgentConfig
 from entrogym.atomic import atomic_write_text
 from entrogym.demo.config import (
     AGENT,
@@ -25,6 +24,7 @@ from entrogym.demo.config import (
     PASS_SAMPLES,
     PASS_TASKS,
     DemoRun,
+    demo_agent,
     demo_config,
 )
 from entrogym.demo.log_labels import labelled_output
@@ -81,9 +81,7 @@ def held_out_accuracy(engine_kind: str, tasks: int, seed: int, *, adapter: str |
     from entrogym.agents.engines import make_engine
     from entrogym.train.evaluation.evaluate import evaluate_policy
 
-    cfg = AgentConfig(
-        **(asdict(AGENT) | {"engine": engine_kind} | ({"model": model} if model else {}))
-    )
+    cfg = demo_agent(engine_kind, model)
     engine = make_engine(cfg.engine, cfg.model, **cfg.engine_kwargs(seed=seed))
     try:
         agent = LLMAgent.from_model(cfg.model, **cfg.agent_kwargs())
