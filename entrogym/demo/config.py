@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from entrogym.agents.config import AgentConfig
+from entrogym.agents.engines import resolve_engine_kind
 from entrogym.algos import AlgorithmConfig
 
 if TYPE_CHECKING:
@@ -78,8 +79,6 @@ def demo_agent(
 ) -> AgentConfig:
     """AGENT with ``engine``, ``model`` and ``engine_dtype`` replaced where given. The decode
     path belongs to the ``hf`` engine, so another engine samples its own way."""
-    from entrogym.agents.engines import resolve_engine_kind
-
     given = {"engine": engine, "model": model, "engine_dtype": engine_dtype}
     settings = asdict(AGENT) | {k: v for k, v in given.items() if v}
     settings["engine"] = resolve_engine_kind(settings["engine"])  # auto: hf on a CPU

@@ -1,5 +1,5 @@
-"""``--engine-decode {generate,static,static-cdf}``: the option reaches the ``hf`` engine of ``train`` and
-``eval``, a wrong combination is one line before any model loads, and a tiny training run
+"""``--engine-decode {generate,static,static-cdf}``: the option reaches the ``hf`` engine of
+``train`` and ``eval``, a wrong combination is one line before any model loads, and a tiny training run
 samples the same tokens on both decode paths (fp32, one seed)."""
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ the engine samples the others with ``generate``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,9 +32,6 @@ import torch
 import torch.nn.functional as F
 
 from entrogym.agents.engines.base import SamplingParams
-
-# The token draw of each static decode path (``DecodePath``): ``generate``'s, or inverse CDF.
-STATIC_DRAWS = {"static": "multinomial", "static-cdf": "inverse-cdf"}
 
 
 def unsupported_reason(config: Any) -> str | None:
@@ -66,6 +64,18 @@ def inverse_cdf_draw(probs: torch.Tensor) -> torch.Tensor:
     u = torch.rand(total.shape, dtype=torch.float64, device=probs.device) * total
     # right=True: the first cdf value strictly above u, so u = 0 skips leading zero mass
     return torch.searchsorted(cdf, u, right=True)[:, 0]
+
+
+def multinomial_draw(probs: torch.Tensor) -> torch.Tensor:
+    """One index per row of ``probs`` [B, V] by ``torch.multinomial``, as ``generate`` draws."""
+    return torch.multinomial(probs, num_samples=1).squeeze(1)
+
+
+# The token draw of each static decode path (``DecodePath``): ``generate``'s, or inverse CDF.
+STATIC_DRAWS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "static": multinomial_draw,
+    "static-cdf": inverse_cdf_draw,
+}
 
 
 def adapter_unsupported_reason(peft_config: Any) -> str | None:
@@ -211,15 +221,13 @@ class StaticDecoder:
         max_new: int,
         stops: list[int],
         pad: int,
-        draw: str = "multinomial",
+        draw: Callable[[torch.Tensor], torch.Tensor] = multinomial_draw,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Sample up to ``max_new`` tokens per prompt with ``params``' temperature, top-k and
         top-p, as ``generate`` does; rows stop at a token in ``stops`` and are padded with
-        ``pad`` after. ``draw``: ``multinomial`` (``generate``'s) or ``inverse-cdf``
-        (:func:`inverse_cdf_draw`). Returns the new ids [B, steps] and their raw log-probs
+        ``pad`` after. ``draw`` picks one token per row from the processed probabilities
+        (:data:`STATIC_DRAWS`). Returns the new ids [B, steps] and their raw log-probs
         [B, steps]."""
-        if draw not in STATIC_DRAWS.values():
-            raise ValueError(f"draw must be one of {list(STATIC_DRAWS.values())}, got {draw!r}")
         warp = _warpers(params)
         width = max(len(p) for p in prompts)
         logits = self._prefill(prompts, pad, width + max_new)
@@ -232,12 +240,8 @@ class StaticDecoder:
         tokens, logprobs = [], []
         for step in range(max_new):
             scores = warp(logits)
-            if params.temperature > 0 and draw == "inverse-cdf":
-                token = inverse_cdf_draw(F.softmax(scores, dim=-1))
-            elif params.temperature > 0:
-                token = torch.multinomial(F.softmax(scores, dim=-1), num_samples=1).squeeze(1)
-            else:
-                token = scores.argmax(-1)
+            greedy = params.temperature <= 0
+            token = scores.argmax(-1) if greedy else draw(F.softmax(scores, dim=-1))
             if stops:
                 token = torch.where(unfinished, token, pad)
             tokens.append(token)
