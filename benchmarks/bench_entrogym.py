@@ -114,7 +114,8 @@ def run(
     torch.manual_seed(work.seed)
     with tempfile.TemporaryDirectory(prefix="entrogym-bench-") as tmp:
         cfg = train_config(work, engine, scoring, Path(tmp), env_workers, max_staleness)
-        trainer = Trainer(cfg)
+        sampler_engine = device_engine(cfg, work.device)
+        trainer = Trainer(cfg, engine=sampler_engine)
         # equal work: every turn runs to the token budget (a sampler setting, no training option)
         trainer.sampler.ignore_eos = work.settings.get("ignore_eos", False)
         counts = LearnerCounts(trainer)
@@ -126,10 +127,31 @@ def run(
             trainer.fit()
         finally:
             trainer.close()
+            if sampler_engine is not None:  # the trainer closes only the engines it started
+                sampler_engine.close()
         rows = [r for r in read_metrics(trainer.run.dir) if r.get("kind", "train") == "train"]
     iterations = [summary(row, c) for row, c in zip(rows, counts.iterations, strict=True)]
-    sampler = {"engine": trainer.cfg.engine, "engine_dtype": trainer.cfg.engine_dtype}
+    sampler = {
+        "engine": trainer.cfg.engine,
+        "engine_dtype": trainer.cfg.engine_dtype,
+        "engine_device": work.device if sampler_engine is not None else "cpu",
+    }
     return {"startup_s": startup_s, "iterations": iterations, **sampler, **_ceilings(work)}
+
+
+def device_engine(cfg: Any, device: str) -> Any:
+    """With ``--device cuda`` the ``hf`` sampler computes on the learner's GPU, as TRL's
+    generation does, so the comparison is GPU against GPU (the trainer's own ``hf`` engine
+    computes on the CPU). None on the CPU and for the vLLM engines, which place themselves."""
+    from entrogym.agents.engines import make_engine, resolve_engine_kind
+
+    if device == "cpu" or resolve_engine_kind(cfg.engine) != "hf":
+        return None
+    from entrogym.train.sampler.engine import StalenessBudget
+
+    versions = StalenessBudget(cfg.max_staleness).versions  # what the trainer's engine holds
+    kwargs = cfg.engine_kwargs(seed=cfg.seed, lora_rank=cfg.lora_rank, max_loras=versions)
+    return make_engine("hf", cfg.model, device=device, **kwargs)
 
 
 def summary(row: dict, counts: dict) -> dict:

@@ -148,7 +148,7 @@ class StaticDecoder:
                     down=merged_weight(mlp.down_proj, adapter),
                 )
             )
-        self.dtype = self.embed.dtype
+        self.dtype, self.device = self.embed.dtype, self.embed.device
         self._cache: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     # ----- the forward ---------------------------------------------------------------------
@@ -196,18 +196,19 @@ class StaticDecoder:
         for row, p in enumerate(distinct):
             ids[row, width - len(p) :] = torch.tensor(p)
             valid[row, width - len(p) :] = True
+        ids, valid = ids.to(self.device), valid.to(self.device)  # built on the host, moved once
         # generate's positions: counted over the real tokens, 1 at the padding
         positions = (valid.long().cumsum(-1) - 1).masked_fill(~valid, 1)
-        causal = torch.ones(width, width, dtype=torch.bool).tril()
+        causal = torch.ones(width, width, dtype=torch.bool, device=self.device).tril()
         # padding queries see themselves, so that no row of the softmax is empty
-        mask = (causal & valid[:, None, :]) | torch.eye(width, dtype=torch.bool)
+        mask = (causal & valid[:, None, :]) | torch.eye(width, dtype=torch.bool, device=self.device)
         shape = (len(distinct), self.kv_heads, columns, self.head_dim)
+        like = {"dtype": self.dtype, "device": self.device}
         self._cache = [
-            (torch.zeros(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype))
-            for _ in self.layers
+            (torch.zeros(shape, **like), torch.zeros(shape, **like)) for _ in self.layers
         ]
         logits = self._forward(ids, positions, mask[:, None], 0)
-        pick = torch.tensor([row_of[tuple(p)] for p in prompts])
+        pick = torch.tensor([row_of[tuple(p)] for p in prompts], device=self.device)
         self._cache = [(k[pick], v[pick]) for k, v in self._cache]
         return logits[pick]
 
@@ -235,8 +236,9 @@ class StaticDecoder:
         valid = torch.zeros((len(prompts), width + max_new), dtype=torch.bool)
         for row, n in enumerate(lengths.tolist()):
             valid[row, width - n : width] = True
-        stop_ids = torch.tensor(stops, dtype=torch.long)
-        unfinished = torch.ones(len(prompts), dtype=torch.bool)
+        lengths, valid = lengths.to(self.device), valid.to(self.device)
+        stop_ids = torch.tensor(stops, dtype=torch.long, device=self.device)
+        unfinished = torch.ones(len(prompts), dtype=torch.bool, device=self.device)
         tokens, logprobs = [], []
         for step in range(max_new):
             scores = warp(logits)
