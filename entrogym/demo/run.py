@@ -131,6 +131,15 @@ def run_record(config: Any, run_dir: Path, wall_s: float) -> dict[str, Any]:
     }
 
 
+def default_workers(n_jobs: int) -> int:
+    """One job more than the cores, at most one per job. With one per core, a core idles
+    while the last run finishes alone; with two per core, the longest run (the held one, whose
+    probe rescoring doubles its update) gets half a core and sets the wall time. One more than
+    the cores keeps every core busy and gives each run a larger share. Jobs run one thread
+    each either way, so the schedule changes no number."""
+    return min((os.cpu_count() or 1) + 1, n_jobs)
+
+
 def plan_jobs(out: Path, runs: list[DemoRun], seeds: list[int], iterations: int, lr: float,
               eval_tasks: int, *, workers: int, engine: str | None = None,
               threads: int | None = None, model: str | None = None,
@@ -197,9 +206,7 @@ def run_demo(
     resolve_model(model or AGENT.model)
     pass_at = bool(pass_tasks and pass_samples)
     n_jobs = (1 if eval_tasks else 0) + len(runs) * len(seeds) + pass_at
-    # Up to two one-thread jobs per core at once: with one per core, the last run finishes
-    # alone and the other core idles; two per core keep both busy to the end.
-    workers = workers or min(2 * (os.cpu_count() or 1), n_jobs)
+    workers = workers or default_workers(n_jobs)
     jobs = plan_jobs(out, runs, seeds, iterations, lr, eval_tasks, workers=workers, engine=engine,
                      model=model)  # fmt: skip
     print(f"{n_jobs} jobs on {workers} worker process(es), {jobs[0].threads} thread(s) each",
