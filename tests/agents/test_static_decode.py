@@ -121,6 +121,26 @@ def test_merged_cache_keeps_max_loras_versions(adapters):
         assert len(engine._decoders) == 2  # the newest adapter and the base
 
 
+def test_an_old_version_is_dropped_before_the_new_one_is_merged(adapters, monkeypatch):
+    """The peak holds max_loras merged copies: none is built while max_loras others live."""
+    from entrogym.agents.engines import hf
+
+    live_at_build = []
+    built = hf.StaticDecoder
+
+    def counting(net, adapter):
+        live_at_build.append(len([k for k in engine._decoders if k is not None]))
+        return built(net, adapter)
+
+    monkeypatch.setattr(hf, "StaticDecoder", counting)
+    with make_engine(
+        "hf", "tiny-random-llama", dtype="fp32", max_model_len=64, decode="static", max_loras=1
+    ) as engine:
+        for adapter in (*adapters, adapters[0]):
+            engine.generate(PROMPTS[:1], SETTINGS[0], adapter=adapter)
+    assert live_at_build == [0, 0, 0]
+
+
 def test_an_unsupported_model_falls_back_to_generate(caplog):
     with caplog.at_level(logging.WARNING):
         engine = _engine("static", "tiny-random-qwen3")

@@ -236,6 +236,8 @@ class HFEngine(Engine):
         key = None if adapter is None else adapter_key(adapter)
         decoder = self._decoders.pop(key, None)
         if decoder is None:
+            if key is not None:  # make room first: max_loras merged versions at most, not
+                self._drop_decoders(keep=self.max_loras - 1)  # one more while one is merged
             model = self._select_adapter(adapter)
             name = None if adapter is None else self._adapters[key]
             reason = None if name is None else adapter_unsupported_reason(model.peft_config[name])
@@ -248,10 +250,14 @@ class HFEngine(Engine):
                 return None
             decoder = StaticDecoder(model, name)
         self._decoders[key] = decoder
-        adapters = [k for k in self._decoders if k is not None]
-        for oldest in adapters[: max(0, len(adapters) - self.max_loras)]:
-            del self._decoders[oldest]
+        self._drop_decoders(keep=self.max_loras)
         return decoder
+
+    def _drop_decoders(self, keep: int) -> None:
+        """Keep the ``keep`` most recently used adapters' decoders (and the base's)."""
+        adapters = [k for k in self._decoders if k is not None]
+        for oldest in adapters[: max(0, len(adapters) - keep)]:
+            del self._decoders[oldest]
 
     def _static_batch(self, decoder: StaticDecoder) -> Callable[..., list[Completion]]:
         def run(prompts: list[list[int]], params: list[SamplingParams]) -> list[Completion]:
