@@ -160,6 +160,7 @@ class Trainer:
             pipeline.published(it + 1)
         finally:  # the row is written even when the adapter could not be
             row["phases_s"] = self.phases.take()
+            row.update(self.sampler.observe_phases(row["phases_s"]))  # an async run's core split
             row["iteration_s"] = time.perf_counter() - t0
             row["rollout_wait_s"] = pipeline.wait_s
             self.run.log(row, it)

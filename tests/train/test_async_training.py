@@ -5,6 +5,7 @@ old, and an async run killed mid-pipeline resumes exactly (tiny random Llama, hf
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 
 import pytest
@@ -95,6 +96,7 @@ def test_max_staleness_0_is_the_synchronous_loop_bit_for_bit(tmp_path):
         for key in COMPARED:
             assert got[key] == want[key], (got["iteration"], key, got[key], want[key])
         assert got["staleness_max"] == 0 and got["policy_version"] == got["iteration"]
+        assert "threads_rollout" not in got  # nothing runs beside the update: no split
     fit, ref = (
         _adapter(tmp_path / "fit/adapters/v000003"),
         _adapter(tmp_path / "ref/adapters/v000003"),
@@ -108,6 +110,9 @@ def test_no_batch_is_more_than_k_versions_old(tmp_path):
     assert [r["policy_version"] for r in rows] == [0, 0, 0, 1]
     assert [r["staleness_max"] for r in rows] == [0, 1, 2, 2]
     assert all(r["staleness_mean"] == r["iteration"] - r["policy_version"] for r in rows)
+    # the hf engine and the learner split the cores between them, every iteration
+    cores = max(os.cpu_count() or 1, 2)
+    assert all(r["threads_rollout"] + r["threads_learner"] == cores for r in rows)
     # the versions still sampled from stay on disk: 2..4, not the last two alone
     assert sorted(p.name for p in (tmp_path / "adapters").iterdir()) == [
         "v000001", "v000002", "v000003", "v000004"]  # fmt: skip

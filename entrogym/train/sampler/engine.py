@@ -41,6 +41,7 @@ from entrogym.train.learner.policy import save_adapter
 from entrogym.train.learner.versions import Weights, WeightVersions
 from entrogym.train.progress import counter, progress
 from entrogym.train.sampler.pipeline import RolloutPipeline
+from entrogym.train.sampler.threads import ThreadSplit
 from entrogym.train.shutdown import ShutdownRequest
 
 # The probe batches of a target (``Sampler.probe_batches``) draw their tasks and seeds as these
@@ -99,6 +100,7 @@ class Sampler:
         self.eval_plan = _plan_evaluation(cfg)  # so is a bad eval split or eval env
         self.adapter: Path | None = None  # the current weights' adapter folder (engine input)
         self.versions: WeightVersions | None = None
+        self.threads: ThreadSplit | None = None  # the cores' split in an async hf run
         # Sample every turn to max_response_tokens, past EOS and the end-of-turn token (vLLM's
         # ignore_eos): a benchmark sets it on a built trainer to time engines at equal work;
         # no training option, since a run sampled so learns nothing.
@@ -196,7 +198,7 @@ class Sampler:
             start=start,
             stop=stop if self.ranks.main else start,
             floor=min(self.versions.versions()) if self.versions is not None else start,
-            on_thread_start=self._split_threads(),
+            before_batch=self._split_threads(),
         )
         return self._pipeline
 
@@ -207,15 +209,24 @@ class Sampler:
 
     def _split_threads(self) -> Any:
         """With rollouts beside the update and the engine in this process (``hf``), the two
-        share the cores: the learner keeps ``threads`` (default: half the cores) and the
-        rollout thread takes the rest (at least one). Returns the rollout thread's setup."""
+        share the cores (:mod:`entrogym.train.sampler.threads`): half and half to start (or
+        ``threads`` for the learner), then by each side's measured cost. Returns the rollout
+        thread's call before each batch."""
         if not self.cfg.max_staleness or getattr(self.engine, "kind", None) != "hf":
+            self.threads = None
             return None
-        cores = os.cpu_count() or 1
-        learner = self.cfg.threads or max(1, cores // 2)
-        torch.set_num_threads(learner)  # this thread's (the learner's) OpenMP team
-        engine = max(1, cores - learner)
-        return lambda: torch.set_num_threads(engine)
+        self.threads = ThreadSplit(os.cpu_count() or 1, self.cfg.threads)
+        self.threads.start()
+        return self.threads.apply_rollout
+
+    def observe_phases(self, phases_s: dict[str, float]) -> dict[str, Any]:
+        """After an iteration: the metrics row's record of the split it ran with (empty when
+        the cores are not split); then the cores are re-split by its costs."""
+        if self.threads is None:
+            return {}
+        used = self.threads.row()
+        self.threads.observe(phases_s)
+        return used
 
     def collect(
         self, it: int, version: int | None = None, adapter: Path | None = None

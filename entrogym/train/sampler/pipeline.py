@@ -43,6 +43,7 @@ class RolloutPipeline(Generic[T]):
     ``get(i)`` returns iteration ``i``'s result (collected in the background when
     ``max_staleness >= 1``, right now when it is 0), ``published(v)`` says that version ``v``
     exists. An exception raised by ``collect`` is raised again by the ``get`` of its iteration.
+    ``before_batch`` runs in the rollout thread before each batch (its share of the cores).
     Use as a context manager: leaving it stops the rollout thread and waits for it
     (:meth:`close`).
     """
@@ -55,13 +56,13 @@ class RolloutPipeline(Generic[T]):
         start: int,
         stop: int,
         floor: int = 0,
-        on_thread_start: Callable[[], Any] | None = None,
+        before_batch: Callable[[], Any] | None = None,
     ) -> None:
         if max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
         self.collect, self.max_staleness = collect, max_staleness
         self.start, self.stop, self.floor = start, stop, floor
-        self.on_thread_start = on_thread_start
+        self.before_batch = before_batch
         self.wait_s = 0.0  # seconds ``get`` waited for the rollout thread, last call
         self._published = start  # the weights the run starts from exist
         self._ready: deque[tuple[int, T | None, BaseException | None]] = deque()
@@ -123,8 +124,6 @@ class RolloutPipeline(Generic[T]):
         return result  # type: ignore[return-value]
 
     def _run(self) -> None:
-        if self.on_thread_start is not None:
-            self.on_thread_start()
         for iteration in range(self.start, self.stop):
             version = self.version_of(iteration)
             with self._cond:
@@ -132,6 +131,8 @@ class RolloutPipeline(Generic[T]):
                     self._cond.wait()
                 if self._stopping:
                     return
+            if self.before_batch is not None:  # e.g. this thread's share of the cores
+                self.before_batch()
             try:
                 item = (iteration, self.collect(iteration, version), None)
             except BaseException as exc:  # noqa: BLE001  (handed to the training loop)
