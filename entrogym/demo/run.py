@@ -225,7 +225,11 @@ def run_demo(
 
     # the base model's pass@k needs no training: it fills the first phase's spare worker
     first: list[Job | PassJob] = [*jobs, *([pass_job("base model", seeds[0], None)] * pass_at)]
-    results = run_jobs(first, workers, run_job, announce_demo, then=then)
+    # the held run (the last) is the slowest, its probe rescored every iteration: it and its
+    # pass@k keep the normal priority, the rest fill the other core
+    held = runs[-1].label
+    results = run_jobs(first, workers, run_job, announce_demo, then=then,
+                       urgent=lambda job: job.label == held)  # fmt: skip
     records = [r for job, r in zip(first, results, strict=False)
                if isinstance(job, Job) and job.config is not None]  # fmt: skip
     base = [r for r in results if "accuracy_before" in r]

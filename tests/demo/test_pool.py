@@ -1,23 +1,24 @@
 """The job pool (``entrogym.demo.pool``): a finished job's follow-ups start at once, results
-come back in a fixed order, and a failing follow-up is raised.
+come back in a fixed order, and jobs off the critical path run at a lower CPU priority.
 
 The bodies sleep instead of training, so the timing is the pool's own."""
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
 import pytest
 
-from entrogym.demo.pool import run_jobs
+from entrogym.demo.pool import BACKGROUND_NICE, run_jobs
 
 
 def nap(job: tuple[str, float]) -> dict[str, Any]:
-    """A job body: sleep ``job[1]`` seconds; say when."""
+    """A job body: sleep ``job[1]`` seconds; say when, and at what niceness."""
     start = time.time()
     time.sleep(job[1])
-    return {"name": job[0], "start": start, "end": time.time()}
+    return {"name": job[0], "start": start, "end": time.time(), "nice": os.nice(0)}
 
 
 def quiet(job: Any, result: dict[str, Any]) -> None:
@@ -41,6 +42,16 @@ def test_a_follow_up_starts_before_the_slowest_first_job_ends() -> None:
     slow, fast, child, *_ = run_jobs([("slow", 4.0), ("fast", 0.0)], 3, nap, quiet, then=children)
     assert child["start"] < slow["end"]  # it did not wait for the first phase to finish
     assert child["start"] >= fast["end"]
+
+
+def test_jobs_off_the_critical_path_run_at_a_lower_priority() -> None:
+    base = os.nice(0)
+    results = run_jobs([("held", 0.0), ("grpo", 0.0), ("fast", 0.0)], 2, nap, quiet,
+                       then=children, urgent=lambda job: job[0] in ("held", "fast.1"))  # fmt: skip
+    nice = {r["name"]: r["nice"] for r in results}
+    low = min(19, base + BACKGROUND_NICE)
+    assert nice == {"held": base, "grpo": low, "fast": low, "fast.1": base, "fast.2": low,
+                    "fast.1.1": low}  # fmt: skip
 
 
 def test_a_failing_follow_up_is_raised() -> None:
