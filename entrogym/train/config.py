@@ -75,7 +75,8 @@ class TrainConfig(AgentConfig):
         micro_batch_tokens: also cap a micro-batch's tokens (rows x its longest row): long
             multi-turn episodes then go fewer to a micro-batch, one alone if it is longer.
             Activation memory grows with these tokens; null = rows only.
-        threads: torch CPU threads of the learner (None = torch's default).
+        threads: torch CPU threads of the learner (None = torch's default; in an async run with
+            the hf engine, the cores are split between rollouts and learner by measured cost).
         score_layout: how a micro-batch is laid out for the scoring forward pass: ``trimmed``
             (cut to its own longest row; exact), ``padded`` (the batch's width), or ``packed``
             (one padding-free row with per-sequence position ids; within ~1e-5 in fp32).
