@@ -28,7 +28,7 @@ OPTION_GROUPS: dict[str, tuple[str, ...]] = {
     ),
     "learner: the LoRA policy, its scoring and its optimizer": (
         "dtype", "lr", "weight_decay", "max_grad_norm", "micro_batch_size",
-        "micro_batch_tokens", "threads", "sampler_entropy_check", "score_layout",
+        "micro_batch_tokens", "threads", "thread_split", "sampler_entropy_check", "score_layout",
         "action_only_head", "lora_rank", "lora_target_modules", "lora_alpha", "softmax_fix",
     ),
     "algorithm: the preset (its parts and knobs are listed at the end)": ("algo",),

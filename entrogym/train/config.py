@@ -76,7 +76,13 @@ class TrainConfig(AgentConfig):
             multi-turn episodes then go fewer to a micro-batch, one alone if it is longer.
             Activation memory grows with these tokens; null = rows only.
         threads: torch CPU threads of the learner (None = torch's default; in an async run with
-            the hf engine, the cores are split between rollouts and learner by measured cost).
+            the hf engine, half the cores, the rollout thread taking the rest).
+        thread_split: how an async run with the hf engine splits the cores between the rollout
+            thread and the learner: ``even`` (half and half, or ``threads`` for the learner)
+            or ``cost`` (re-chosen after every iteration from each side's measured
+            core-seconds; faster where the sides' costs differ, but the learner's thread
+            count then depends on timings, and the gradients' last bits with it, so two runs
+            or a resumed one are no longer bit for bit the same).
         score_layout: how a micro-batch is laid out for the scoring forward pass: ``trimmed``
             (cut to its own longest row; exact), ``padded`` (the batch's width), or ``packed``
             (one padding-free row with per-sequence position ids; within ~1e-5 in fp32).
@@ -133,6 +139,7 @@ class TrainConfig(AgentConfig):
     micro_batch_size: int = 8
     micro_batch_tokens: int | None = DEFAULT_MICRO_BATCH_TOKENS
     threads: int | None = None
+    thread_split: Literal["even", "cost"] = "even"
     sampler_entropy_check: bool = False
     score_layout: Literal["padded", "trimmed", "packed"] = "trimmed"
     action_only_head: bool = True
@@ -255,6 +262,8 @@ class TrainConfig(AgentConfig):
             raise ValueError(
                 f"max_env_error_fraction must be in [0, 1], got {self.max_env_error_fraction}"
             )
+        if self.thread_split not in ("even", "cost"):
+            raise ValueError(f"thread_split must be 'even' or 'cost', got {self.thread_split!r}")
         cores = os.cpu_count() or 1
         if self.threads is not None and not 1 <= self.threads <= cores:
             raise ValueError(

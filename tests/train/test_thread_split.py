@@ -60,5 +60,15 @@ def test_the_split_follows_the_measured_costs_and_keeps_a_users_threads():
         fixed = ThreadSplit(16, learner_threads=5)
         fixed.observe({"generation": 3.0, "forward": 1.0})
         assert (fixed.rollout, fixed.learner) == (11, 5)  # --threads: the user's split stays
+        even = ThreadSplit(16, by_cost=False)
+        even.observe({"generation": 3.0, "forward": 1.0})
+        assert (even.rollout, even.learner) == (8, 8)  # --thread-split even: half and half
     finally:
         torch.set_num_threads(before)
+
+
+def test_an_unknown_thread_split_is_refused():
+    from entrogym.train.config import TrainConfig
+
+    with pytest.raises(ValueError, match="thread_split must be 'even' or 'cost'"):
+        TrainConfig(thread_split="fast")  # type: ignore[arg-type]

@@ -209,13 +209,14 @@ class Sampler:
 
     def _split_threads(self) -> Any:
         """With rollouts beside the update and the engine in this process (``hf``), the two
-        share the cores (:mod:`entrogym.train.sampler.threads`): half and half to start (or
-        ``threads`` for the learner), then by each side's measured cost. Returns the rollout
-        thread's call before each batch."""
+        share the cores (:mod:`entrogym.train.sampler.threads`): half and half (or
+        ``threads`` for the learner), re-chosen by measured cost with ``thread_split cost``.
+        Returns the rollout thread's call before each batch."""
         if not self.cfg.max_staleness or getattr(self.engine, "kind", None) != "hf":
             self.threads = None
             return None
-        self.threads = ThreadSplit(os.cpu_count() or 1, self.cfg.threads)
+        by_cost = self.cfg.thread_split == "cost"
+        self.threads = ThreadSplit(os.cpu_count() or 1, self.cfg.threads, by_cost=by_cost)
         self.threads.start()
         return self.threads.apply_rollout
 

@@ -5,8 +5,11 @@ Each side's cost is measured in core-seconds, its phases' seconds times the thre
 on, summed over the iterations so far. The split gives the rollout thread the number of cores
 that brings the two sides' times closest, assuming each scales linearly with its threads (the
 cost divided by the threads: the most that more threads can buy). It is re-chosen after every
-iteration. With ``--threads`` set the learner keeps it and nothing is re-chosen; on two cores
-every split is one core each.
+iteration, only with ``--thread-split cost``: the learner's thread count then follows timings,
+and torch's CPU gradients differ in their last bits between thread counts (measured: 5.5e-5
+between 1 and 2 threads on SmolLM2's LoRA gradients), so such a run is not reproducible bit
+for bit. The default, ``even``, keeps half and half. With ``--threads`` set the learner keeps
+it and nothing is re-chosen; on two cores every split is one core each.
 """
 
 from __future__ import annotations
@@ -41,9 +44,12 @@ class ThreadSplit:
     with each iteration's ``phases_s`` (it then runs its update on ``learner`` threads); the
     rollout thread calls :meth:`apply_rollout` before each batch."""
 
-    def __init__(self, cores: int, learner_threads: int | None = None) -> None:
+    def __init__(
+        self, cores: int, learner_threads: int | None = None, *, by_cost: bool = True
+    ) -> None:
         self.cores = cores
-        self.fixed = learner_threads is not None  # --threads: the user's, kept
+        # --threads (the user's, kept) or --thread-split even: never re-chosen
+        self.fixed = learner_threads is not None or not by_cost
         self.learner = learner_threads or max(1, cores // 2)
         self.rollout = max(1, cores - self.learner)
         self.rollout_core_s = 0.0
