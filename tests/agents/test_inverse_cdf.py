@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from forced_logprobs import teacher_forced_logprobs
 from scipy.stats import chisquare
 
 from entrogym.agents.engines import SamplingParams, make_engine, static_decode
@@ -88,11 +89,7 @@ def test_the_recorded_logprobs_are_the_models_for_the_sampled_tokens():
     out = _sample("static-cdf", seed=0)
     model = AutoModelForCausalLM.from_pretrained(resolve_model("tiny-random-llama")).eval()
     for prompt, completion in zip(PROMPTS, out, strict=True):
-        ids = torch.tensor([prompt + completion.token_ids])
-        with torch.no_grad():
-            logp = torch.log_softmax(model(ids).logits[0].double(), -1)
-        positions = range(len(prompt) - 1, ids.shape[1] - 1)
-        want = [logp[t, ids[0, t + 1]].item() for t in positions]
+        want = teacher_forced_logprobs(model, prompt, completion.token_ids)
         assert completion.logprobs == pytest.approx(want, abs=1e-5)
     assert len({tuple(c.token_ids) for c in out}) > 1  # rows differ: a real sample
 

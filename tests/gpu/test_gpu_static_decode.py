@@ -6,7 +6,7 @@ Skips without CUDA (tests/conftest.py)."""
 from __future__ import annotations
 
 import pytest
-import torch
+from forced_logprobs import teacher_forced_logprobs
 
 from entrogym.agents.engines import SamplingParams, make_engine
 from entrogym.models import resolve_model
@@ -36,11 +36,7 @@ def test_static_cdf_logprobs_are_the_models_on_cuda():
     out = _sample("static-cdf")
     model = AutoModelForCausalLM.from_pretrained(resolve_model(MODEL)).cuda().eval()
     for prompt, completion in zip(PROMPTS, out, strict=True):
-        ids = torch.tensor([prompt + completion.token_ids], device="cuda")
-        with torch.no_grad():
-            logp = torch.log_softmax(model(ids).logits[0].double(), -1)
-        positions = range(len(prompt) - 1, ids.shape[1] - 1)
-        want = [logp[t, ids[0, t + 1]].item() for t in positions]
+        want = teacher_forced_logprobs(model, prompt, completion.token_ids)
         assert completion.logprobs == pytest.approx(want, abs=1e-4)
     assert len({tuple(c.token_ids) for c in out}) > 1  # rows differ: a real sample
     again, other = _sample("static-cdf", 0), _sample("static-cdf", 1)
