@@ -221,9 +221,10 @@ class Sampler:
         return self.threads.apply_rollout
 
     def observe_phases(self, phases_s: dict[str, float]) -> dict[str, Any]:
-        """After an iteration: the metrics row's record of the split it ran with (empty when
-        the cores are not split); then the cores are re-split by its costs."""
-        if self.threads is None:
+        """After an iteration: the metrics row's record of the split it ran with (empty where
+        no split is re-chosen: ``thread_split even``, ``threads`` set, or no split at all);
+        then the cores are re-split by its costs."""
+        if self.threads is None or self.threads.fixed:
             return {}
         used = self.threads.row()
         self.threads.observe(phases_s)
