@@ -1,12 +1,15 @@
 """The job pool (``entrogym.demo.pool``): a finished job's follow-ups start at once, results
 come back in a fixed order, and jobs off the critical path run at a lower CPU priority.
 
-The bodies sleep instead of training, so the timing is the pool's own."""
+The bodies sleep instead of training, so the timing is the pool's own. Where the order of two
+jobs is the claim, the jobs wait for each other's files instead of sleeping a fixed time, so a
+loaded machine's slow process start-up cannot reorder them."""
 
 from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -38,9 +41,31 @@ def test_follow_ups_come_back_after_the_jobs_in_their_parents_order(workers: int
     assert [r["name"] for r in results] == ["slow", "fast", "fast.1", "fast.2", "fast.1.1"]
 
 
-def test_a_follow_up_starts_before_the_slowest_first_job_ends() -> None:
-    slow, fast, child, *_ = run_jobs([("slow", 4.0), ("fast", 0.0)], 3, nap, quiet, then=children)
-    assert child["start"] < slow["end"]  # it did not wait for the first phase to finish
+# How long the slow job waits for the follow-up's file: far longer than any process start-up,
+# and the test fails when it runs out (the follow-up waited for the slow job).
+WAIT_S = 120.0
+
+
+def wait_or_mark(job: tuple[str, str]) -> dict[str, Any]:
+    """A job body: ``slow`` runs until the file ``job[1]`` exists (at most WAIT_S seconds) and
+    says whether it appeared; any other job writes that file."""
+    start, marker = time.time(), Path(job[1])
+    if job[0] == "slow":
+        while not marker.exists() and time.time() < start + WAIT_S:
+            time.sleep(0.05)
+    else:
+        marker.touch()
+    return {"name": job[0], "start": start, "end": time.time(), "saw_marker": marker.exists()}
+
+
+def test_a_follow_up_starts_before_the_slowest_first_job_ends(tmp_path: Path) -> None:
+    marker = str(tmp_path / "follow-up-started")
+    slow, fast, child = run_jobs(
+        [("slow", marker), ("fast", marker + ".fast")], 3, wait_or_mark, quiet,
+        then=lambda job, result: [("fast.1", marker)] if job[0] == "fast" else [],
+    )  # fmt: skip
+    # the slow job was still running when the follow-up started: it saw the follow-up's file
+    assert slow["saw_marker"] and slow["end"] >= child["start"]
     assert child["start"] >= fast["end"]
 
 
