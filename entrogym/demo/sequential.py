@@ -191,6 +191,8 @@ class Plan:
         if summary_file is None or not summary_file.is_file():
             return []
         done = json.loads(summary_file.read_text())
+        if "pair" not in done:  # an `entrogym demo` out: its pass@k is not kept per run
+            return []
         same = ("pass_tasks", "pass_samples", "engine", "model")
         if done["pair"]["a"] != asdict(self.pair.a) or any(
             done["settings"].get(k) != getattr(self, k) for k in same

@@ -5,6 +5,7 @@ exit 2, before any model loads."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,24 @@ def test_sequential_runs_both_stages_and_writes_the_summary(
         # the same start, seed and task B: the same stage 2
         assert second["stage2"]["reward"] == first["stage2"]["reward"]
     assert not (again / "stage1").exists()
+
+    # an `entrogym demo` out (seedS/RUN, a summary without a pair) is a stage 1 too; its
+    # pass@k is scored again
+    demo = tmp_path / "demo"
+    shutil.copytree(out / "stage1", demo)
+    demo_summary = {"settings": {"seeds": [0], "pass_tasks": 2, "pass_samples": 4}, "runs": []}
+    (demo / "summary.json").write_text(json.dumps(demo_summary))
+    from_demo = tmp_path / "from-demo"
+    argv = ["sequential", *TINY, "--out", str(from_demo), "--runs", *runs,
+            "--stage1-from", str(demo)]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    assert f"reused from {demo}" in printed and "(3 reused from" not in printed
+    scored = json.loads((from_demo / "summary.json").read_text())
+    for first, second in zip(summary["runs"], scored["runs"], strict=True):
+        assert second["stage1"]["folder"].startswith(str(demo))
+        assert second["stage2"]["reward"] == first["stage2"]["reward"]
+        assert second["stage1"]["pass_at_k"] == first["stage1"]["pass_at_k"]  # seeded sampling
 
 
 @pytest.mark.parametrize(
