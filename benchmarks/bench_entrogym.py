@@ -37,6 +37,7 @@ def train_config(
     out: Path,
     env_workers: int | None = None,
     max_staleness: int = 0,
+    trim_heap: bool = True,
 ) -> Any:
     """The demo's GRPO TrainConfig with the workload's shapes and the benchmark's options."""
     from demo_workload import demo_config
@@ -66,6 +67,7 @@ def train_config(
         checkpoint_every=10**9,
         env_workers=cfg.env_workers if env_workers is None else env_workers,
         max_staleness=max_staleness,
+        trim_heap=trim_heap,
         **SCORING[scoring],
     )
 
@@ -106,6 +108,7 @@ def run(
     scoring: str,
     env_workers: int | None = None,
     max_staleness: int = 0,
+    trim_heap: bool = True,
 ) -> dict:
     from entrogym.train.folder.metrics import read_metrics
     from entrogym.train.trainer import Trainer
@@ -113,7 +116,7 @@ def run(
     t_spawn = float(os.environ.get("BENCH_SPAWN_TIME", time.time()))
     torch.manual_seed(work.seed)
     with tempfile.TemporaryDirectory(prefix="entrogym-bench-") as tmp:
-        cfg = train_config(work, engine, scoring, Path(tmp), env_workers, max_staleness)
+        cfg = train_config(work, engine, scoring, Path(tmp), env_workers, max_staleness, trim_heap)
         sampler_engine = device_engine(cfg, work.device)
         trainer = Trainer(cfg, engine=sampler_engine)
         # equal work: every turn runs to the token budget (a sampler setting, no training option)
@@ -203,9 +206,12 @@ def main() -> None:
     p.add_argument("--scoring", choices=tuple(SCORING), default="fast")
     p.add_argument("--env-workers", type=int, default=None, help="default: the trainer's")
     p.add_argument("--max-staleness", type=int, default=0)
+    p.add_argument("--no-trim-heap", dest="trim_heap", action="store_false")
     args = p.parse_args()
     work = Workload.load(args.workload)
-    result = run(work, args.engine, args.scoring, args.env_workers, args.max_staleness)
+    result = run(
+        work, args.engine, args.scoring, args.env_workers, args.max_staleness, args.trim_heap
+    )
     args.result.write_text(json.dumps(result))
 
 

@@ -173,6 +173,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="entrogym's env worker processes (0: envs in the trainer; default: the trainer's)",
     )
+    p.add_argument(
+        "--no-trim-heap",
+        dest="trim_heap",
+        action="store_false",
+        help="entrogym's TrainConfig.trim_heap off (freed heap kept by malloc: the memory ablation)",
+    )
     p.add_argument("--vs-trl", action="store_true", help="also run TRL's GRPOTrainer (make bench)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per worker process")
     p.add_argument(
@@ -196,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         ours = [sys.executable, str(HERE / "bench_entrogym.py"), str(work_file), str(result)]
         ours += ["--engine", args.engine, "--scoring", args.scoring]
         ours += [] if args.env_workers is None else ["--env-workers", str(args.env_workers)]
+        ours += [] if args.trim_heap else ["--no-trim-heap"]
         commands = {"entrogym": [*ours, "--max-staleness", "0"]}
         if args.async_staleness:
             commands["entrogym_async"] = [*ours, "--max-staleness", str(args.async_staleness)]

@@ -41,6 +41,7 @@ from entrogym.train.folder.checkpoint import read_training_state, rng_state, set
 from entrogym.train.folder.metrics import summary_line
 from entrogym.train.folder.safety import NothingToDo, RunFileError
 from entrogym.train.folder.state import TrainState
+from entrogym.train.heap import HeapTrim
 from entrogym.train.learner.mismatch import sampler_mismatch
 from entrogym.train.learner.update import Learner
 from entrogym.train.phases import PhaseClock, PhaseHook
@@ -76,7 +77,7 @@ class Trainer:
         come before the model, so a second writer fails before any model loads."""
         self.cfg = cfg
         self.ranks = distributed.setup_ranks()
-        self.phases = PhaseClock(hooks)
+        self.phases = PhaseClock((*hooks, HeapTrim()) if cfg.trim_heap else hooks)
         self.shutdown = shutdown or ShutdownRequest(cfg.shutdown_grace)
         self.algo = cfg.algo
         self.sampler = Sampler(cfg, self.ranks, self.shutdown, engine)  # checks split, eval env
@@ -199,6 +200,9 @@ class Trainer:
         temperature_stats = attach_temperature_samples(  # the aepo lever's only
             it, self.control, self.sampler, self.learner, self.ranks, self.phases
         )
+
+        if not self.cfg.max_staleness:  # no rollouts beside the update, and the next ones
+            self.sampler.release_engine_caches()  # sample a new version: its memory is free
 
         # 2. The preset's update: advantages, entropy control, clipped loss, steps. The old
         #    log-probs are rescored here in fp32 (never the engine's): by the update itself,

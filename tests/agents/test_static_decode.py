@@ -141,6 +141,23 @@ def test_an_old_version_is_dropped_before_the_new_one_is_merged(adapters, monkey
     assert live_at_build == [0, 0, 0]
 
 
+def test_released_caches_are_rebuilt_and_sample_the_same(adapters):
+    """``release_caches`` drops every merged copy; the next generate merges again and samples
+    what an engine that never released samples."""
+    kept = _sample("static", SETTINGS[0], adapters[0], history=[adapters[0]])
+    with _engine("static") as engine:
+        engine.generate(PROMPTS, SETTINGS[0], adapter=adapters[0])
+        engine.generate(PROMPTS[:1], SETTINGS[0])  # the base's decoder too
+        assert len(engine._decoders) == 2
+        engine.release_caches()
+        assert engine._decoders == {}
+        with engine.seeded(0):
+            released = engine.generate(PROMPTS, SETTINGS[0], adapter=adapters[0])
+        assert list(engine._decoders) != []
+    assert [c.token_ids for c in released] == [c.token_ids for c in kept]
+    assert [c.logprobs for c in released] == [c.logprobs for c in kept]
+
+
 def test_an_unsupported_model_falls_back_to_generate(caplog):
     with caplog.at_level(logging.WARNING):
         engine = _engine("static", "tiny-random-qwen3")

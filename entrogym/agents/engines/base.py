@@ -165,6 +165,12 @@ class Engine(ABC):
                     f"{second}; check its log and the machine's memory"
                 ) from second
 
+    def release_caches(self) -> None:  # noqa: B027 - optional: by default nothing to free
+        """Free what the engine keeps only to sample faster; the next :meth:`generate`
+        rebuilds what it needs. A synchronous trainer calls it once an iteration's rollouts
+        are in, so that the update's activations find that memory free. The default keeps
+        everything: the vLLM engines manage their own memory."""
+
     def restart(self) -> None:
         self.restarts += 1
         try:

@@ -253,6 +253,12 @@ class HFEngine(Engine):
         self._drop_decoders(keep=self.max_loras)
         return decoder
 
+    def release_caches(self) -> None:
+        """Drop every merged copy of the weights (with its KV cache): one model's worth of
+        memory per adapter version held. In a synchronous run the next rollouts sample a new
+        version, so nothing is merged twice."""
+        self._decoders.clear()
+
     def _drop_decoders(self, keep: int) -> None:
         """Keep the ``keep`` most recently used adapters' decoders (and the base's)."""
         adapters = [k for k in self._decoders if k is not None]

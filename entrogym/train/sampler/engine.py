@@ -165,6 +165,12 @@ class Sampler:
                 raise write_error(exc, str(folder)) from exc
         self.adapter = folder
 
+    def release_engine_caches(self) -> None:
+        """Let the engine free what it keeps only to sample faster (``Engine.release_caches``:
+        the ``hf`` engine's merged weights), while the learner needs the memory."""
+        if self.engine is not None:
+            self.engine.release_caches()
+
     def publish_older_versions(self, start: int) -> None:
         """A resumed async run: the adapter folders of the versions its next batches are
         sampled by, from the weights its checkpoint kept."""
