@@ -17,9 +17,12 @@ running when it started.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from multiprocessing import get_context
 from typing import Any
 
@@ -27,6 +30,25 @@ Body = Callable[[Any], dict[str, Any]]
 Then = Callable[[Any, dict[str, Any]], list[Any]]
 # the niceness of a job off the critical path: CFS weights nice 0 against nice 10 about 9 : 1
 BACKGROUND_NICE = 10
+
+
+@contextlib.contextmanager
+def _sigterm_as_exit() -> Iterator[None]:
+    """SIGTERM raises ``SystemExit(143)`` in this (main) thread for the block's length, so the
+    pool's with-block is left as on Ctrl-C and the pool terminates its workers. By default a
+    SIGTERM ends this process alone, and its workers went on training as orphans."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _run_at_priority(body: Body, job: Any, nice: int) -> dict[str, Any]:
@@ -51,8 +73,8 @@ def run_jobs(
     finished job's follow-ups.
 
     Returns the results of ``jobs`` in their order, then those of the follow-ups in their
-    parents' order (each parent's in the order ``then`` gave them). The first failure, or
-    Ctrl-C, terminates the workers and is raised."""
+    parents' order (each parent's in the order ``then`` gave them). The first failure, Ctrl-C
+    or SIGTERM (as ``SystemExit(143)``) terminates the workers and is raised."""
     follow: dict[int, list[int]] = {}  # parent index -> its follow-ups' indices
     queue, results = list(jobs), {}
 
@@ -74,7 +96,7 @@ def run_jobs(
     else:
         # one process per job (maxtasksperchild=1): each starts with its own threads and
         # engine; leaving the with-block terminates the pool, so an error does not wait
-        with get_context("spawn").Pool(workers, maxtasksperchild=1) as pool:
+        with _sigterm_as_exit(), get_context("spawn").Pool(workers, maxtasksperchild=1) as pool:
 
             def submit(i: int) -> Any:
                 nice = 0 if urgent is None or urgent(queue[i]) else BACKGROUND_NICE

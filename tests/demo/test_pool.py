@@ -7,6 +7,7 @@ loaded machine's slow process start-up cannot reorder them."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -85,3 +86,46 @@ def test_a_failing_follow_up_is_raised() -> None:
 
     with pytest.raises(TypeError):
         run_jobs([("fast", 0.0)], 2, nap, quiet, then=bad_children)
+
+
+POOL_SCRIPT = """
+import sys, time
+from entrogym.demo.pool import run_jobs
+
+def nap(job):
+    time.sleep(job)
+    return {}
+
+if __name__ == "__main__":
+    run_jobs([600.0, 600.0], 2, nap, lambda job, result: None)
+"""
+
+
+def test_sigterm_stops_the_pools_workers_too(tmp_path: Path) -> None:
+    """A SIGTERM to the command (a scheduler's stop, ``kill``) ends its job processes as well,
+    instead of leaving them running as orphans."""
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    script = tmp_path / "pool_main.py"
+    script.write_text(POOL_SCRIPT)
+    proc = subprocess.Popen([sys.executable, str(script)])
+    parent = psutil.Process(proc.pid)
+    deadline = time.time() + WAIT_S
+    workers: list[psutil.Process] = []
+    try:
+        while len(workers) < 2 and time.time() < deadline:  # the pool's two job processes
+            workers = [c for c in parent.children() if "spawn_main" in " ".join(c.cmdline())]
+            time.sleep(0.1)
+        assert len(workers) == 2, "the pool's workers did not start"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+        gone, alive = psutil.wait_procs(workers, timeout=30)
+        assert not alive, f"job processes left running: {[p.pid for p in alive]}"
+    finally:  # whatever failed, leave no sleeping job behind
+        for p in [parent, *workers]:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
