@@ -83,9 +83,9 @@ class TrainConfig(AgentConfig):
             core-seconds; faster where the sides' costs differ, but the learner's thread
             count then depends on timings, and the gradients' last bits with it, so two runs
             or a resumed one are no longer bit for bit the same).
-        trim_heap: give the memory each phase freed back to the operating system
-            (glibc's ``malloc_trim``; :mod:`entrogym.train.heap`): a lower peak resident
-            memory for the cost of faulting those pages in again.
+        trim_heap: give freed heap memory back to the operating system after the rollouts
+            and after each backward (glibc's ``malloc_trim``; :mod:`entrogym.train.heap`): a
+            lower peak resident memory for the cost of faulting those pages in again.
         score_layout: how a micro-batch is laid out for the scoring forward pass: ``trimmed``
             (cut to its own longest row; exact), ``padded`` (the batch's width), or ``packed``
             (one padding-free row with per-sequence position ids; within ~1e-5 in fp32).

@@ -20,8 +20,8 @@ from collections.abc import Callable
 from typing import Any
 
 # Before the passes whose activations set the peak: after the rollouts (their prefill and
-# decode buffers) and after each micro-batch's backward. Trimming after every phase lowered the peak no further and cost
-# twice the time (docs/performance.md, "Peak memory").
+# decode buffers) and after each micro-batch's backward. Trimming after every phase lowered
+# the peak no further and cost more than twice the time (docs/performance.md, "Peak memory").
 TRIM_AFTER = frozenset({"generation", "backward"})
 
 
@@ -45,10 +45,6 @@ class HeapTrim:
     def __init__(self, after: frozenset[str] = TRIM_AFTER) -> None:
         self.after = after
         self.trim = malloc_trim()
-
-    @property
-    def available(self) -> bool:
-        return self.trim is not None
 
     def __call__(self, phase: str, seconds: float, info: dict[str, Any]) -> None:
         if self.trim is not None and phase in self.after:
