@@ -181,3 +181,31 @@ def _draw_after(decode: str) -> torch.Tensor:
 
 def test_static_decoding_moves_the_global_stream_as_generate_does():
     assert torch.equal(_draw_after("static"), _draw_after("generate"))
+
+
+def test_merged_weights_are_stored_input_major():
+    """The sampling copy holds each projection transposed ([in, out], contiguous): peft's own
+    merge (``merge_and_unload``) of the same adapter, read column-wise, and the model the
+    decoder was built from is left as it was."""
+    import copy
+
+    from entrogym.agents.engines.static_decode import StaticDecoder
+
+    policy = randomise_lora_b(load_policy(resolve_model("tiny-random-llama"), lora=LoraSettings()))
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    decoder = StaticDecoder(policy, policy.active_adapter)
+    merged = copy.deepcopy(policy).merge_and_unload()
+    for layer, block in zip(decoder.layers, merged.model.layers, strict=True):
+        attn, mlp = block.self_attn, block.mlp
+        expected = {
+            "qkv": torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
+            "o": attn.o_proj.weight,
+            "gate_up": torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
+            "down": mlp.down_proj.weight,
+        }
+        for name, weight in expected.items():
+            stored = getattr(layer, name)
+            assert stored.is_contiguous() and stored.shape == weight.T.shape, name
+            torch.testing.assert_close(stored, weight.T, rtol=0, atol=1e-6)
+    after = policy.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)

@@ -103,13 +103,27 @@ def merged_weight(module: torch.nn.Module, adapter: str | None) -> torch.Tensor:
     return weight.detach()
 
 
+def input_major(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` [out, in] stored as its transpose [in, out], so that a step computes
+    ``x @ w`` instead of ``F.linear(x, weight)``. At a decode step's few rows the layouts run
+    at very different speeds on CPU: with 24 rows of SmolLM2's widths and 2 threads, MKL ran
+    ``F.linear`` at 31-44 GFLOP/s and ``x @ w`` at 62-137 (from 96 rows on they are alike;
+    ``benchmarks/matmul_layout.py``, docs/results.md). Whole decode steps ran 1.34x faster
+    with 2 threads, 1.05x with 1. The sampling copy is built once per adapter version, so its
+    layout costs one transpose."""
+    return weight.t().contiguous()
+
+
 @dataclass
 class _Layer:
+    """One decoder block: its norms, and its merged weights stored input-major
+    (:func:`input_major`)."""
+
     ln_in: torch.nn.Module
-    qkv: torch.Tensor  # [q | k | v] rows
+    qkv: torch.Tensor  # [in, q | k | v]
     o: torch.Tensor
     ln_post: torch.nn.Module
-    gate_up: torch.Tensor  # [gate | up] rows
+    gate_up: torch.Tensor  # [in, gate | up]
     down: torch.Tensor
 
 
@@ -136,16 +150,16 @@ class StaticDecoder:
             attn, mlp = block.self_attn, block.mlp
 
             def cat(*mods: torch.nn.Module) -> torch.Tensor:
-                return torch.cat([merged_weight(m, adapter) for m in mods])
+                return input_major(torch.cat([merged_weight(m, adapter) for m in mods]))
 
             self.layers.append(
                 _Layer(
                     ln_in=block.input_layernorm,
                     qkv=cat(attn.q_proj, attn.k_proj, attn.v_proj),
-                    o=merged_weight(attn.o_proj, adapter),
+                    o=input_major(merged_weight(attn.o_proj, adapter)),
                     ln_post=block.post_attention_layernorm,
                     gate_up=cat(mlp.gate_proj, mlp.up_proj),
-                    down=merged_weight(mlp.down_proj, adapter),
+                    down=input_major(merged_weight(mlp.down_proj, adapter)),
                 )
             )
         self.dtype, self.device = self.embed.dtype, self.embed.device
@@ -164,7 +178,7 @@ class StaticDecoder:
         cos, sin = self.rotary(x, positions)
         end = start + t
         for layer, (k_cache, v_cache) in zip(self.layers, self._cache, strict=True):
-            q, k, v = F.linear(layer.ln_in(x), layer.qkv).split([h * d, kvh * d, kvh * d], -1)
+            q, k, v = (layer.ln_in(x) @ layer.qkv).split([h * d, kvh * d, kvh * d], -1)
             q = q.view(b, t, h, d).transpose(1, 2)
             k = k.view(b, t, kvh, d).transpose(1, 2)
             q, k = self.rope(q, k, cos, sin)
@@ -180,10 +194,12 @@ class StaticDecoder:
                     q, keys, values, attn_mask=mask, enable_gqa=h != kvh
                 )
                 out = out.transpose(1, 2).reshape(b, t, h * d)
-            x = x + F.linear(out, layer.o)
-            gate, up = F.linear(layer.ln_post(x), layer.gate_up).chunk(2, -1)
-            x = x + F.linear(F.silu(gate) * up, layer.down)
-        return F.linear(self.norm(x[:, -1]), self.head).float()
+            x = x + out @ layer.o
+            gate, up = (layer.ln_post(x) @ layer.gate_up).chunk(2, -1)
+            x = x + (F.silu(gate) * up) @ layer.down
+        # the head [V, hidden] as the left factor: as fast as input-major here (matmul_layout.py)
+        # without a transposed copy of what is often the input embedding itself (tied)
+        return (self.head @ self.norm(x[:, -1]).T).T.float().contiguous()
 
     def _prefill(self, prompts: list[list[int]], pad: int, columns: int) -> torch.Tensor:
         """Allocate the cache for ``len(prompts)`` rows of ``columns`` tokens, left-pad and

@@ -1,0 +1,85 @@
+"""GFLOP/s of a decode step's matmuls in the two weight layouts the static decode path could
+store: ``F.linear(x, w)`` with ``w`` [out, in] (the model's own layout) against ``x @ w_t``
+with ``w_t`` [in, out] contiguous (``static_decode.input_major``), and the LM head as
+``(head @ x.T).T`` (the left factor, no transposed copy of a tied embedding).
+
+Shapes: SmolLM2-135M's projections (q|k|v, o, gate|up, down, head) at ``--rows`` rows (a
+decode step's batch; the learner's micro-batches have hundreds to thousands). Each number is
+the median of ``--repeats`` timed blocks of ``--calls`` calls, the layouts interleaved, with
+the load average after each block. The decoder stores input-major and takes the head as the
+left factor; gate|up as the left factor, fastest here alone, made whole decode steps slower
+(docs/results.md), so a layout is chosen by ``decode_throughput.py``, not by this alone.
+
+    .venv/bin/python benchmarks/matmul_layout.py --rows 24 96
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from jsonargparse import ArgumentParser
+
+# (name, out, in) of SmolLM2-135M's matmuls: hidden 576, 3 KV heads x 64, intermediate 1536
+SHAPES = [
+    ("qkv", 960, 576),
+    ("o", 576, 576),
+    ("gate_up", 3072, 576),
+    ("down", 576, 1536),
+    ("head", 49152, 576),
+]
+
+
+def timed(call: Callable[[], torch.Tensor], calls: int) -> float:
+    """Seconds per call over ``calls`` calls, after 3 untimed ones."""
+    for _ in range(3):
+        call()
+    start = time.perf_counter()
+    for _ in range(calls):
+        call()
+    return (time.perf_counter() - start) / calls
+
+
+def layouts(x: torch.Tensor, w: torch.Tensor) -> dict[str, Callable[[], torch.Tensor]]:
+    w_t = w.t().contiguous()
+    return {
+        "linear": lambda: F.linear(x, w),
+        "input_major": lambda: x @ w_t,
+        "left_factor": lambda: (w @ x.T).T,
+    }
+
+
+def main() -> None:
+    p = ArgumentParser(description=__doc__)
+    p.add_argument("--rows", type=list[int], default=[24, 96])
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--calls", type=int, default=20)
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    out: dict = {"threads": args.threads, "repeats": args.repeats, "calls": args.calls}
+    for rows in args.rows:
+        for name, n_out, n_in in SHAPES:
+            x, w = torch.randn(rows, n_in), torch.randn(n_out, n_in)
+            flops = 2 * rows * n_out * n_in
+            runs = layouts(x, w)
+            seconds: dict[str, list[float]] = {k: [] for k in runs}
+            loads = []
+            for _ in range(args.repeats):
+                for k, call in runs.items():
+                    seconds[k].append(timed(call, args.calls))
+                loads.append(round(os.getloadavg()[0], 2))
+            row = {k: round(flops / statistics.median(v) / 1e9, 1) for k, v in seconds.items()}
+            out[f"{rows}x{name}"] = {"gflops": row, "load_1min": loads}
+            print(rows, name, row, "load", loads[-1], flush=True)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
