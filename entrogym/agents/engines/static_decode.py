@@ -109,7 +109,7 @@ def input_major(weight: torch.Tensor) -> torch.Tensor:
     at very different speeds on CPU: with 24 rows of SmolLM2's widths and 2 threads, MKL ran
     ``F.linear`` at 31-44 GFLOP/s and ``x @ w`` at 62-137 (from 96 rows on they are alike;
     ``benchmarks/matmul_layout.py``, docs/results.md). Whole decode steps ran 1.34x faster
-    with 2 threads, 1.05x with 1. The sampling copy is built once per adapter version, so its
+    with 2 threads, 1.04x with 1. The sampling copy is built once per adapter version, so its
     layout costs one transpose."""
     return weight.t().contiguous()
 
