@@ -1,5 +1,5 @@
-"""GFLOP/s of a decode step's matmuls in the two weight layouts the static decode path could
-store: ``F.linear(x, w)`` with ``w`` [out, in] (the model's own layout) against ``x @ w_t``
+"""GFLOP/s of a decode step's matmuls in three layouts the static decode path could use:
+``F.linear(x, w)`` with ``w`` [out, in] (the model's own layout) against ``x @ w_t``
 with ``w_t`` [in, out] contiguous (``static_decode.input_major``), and the LM head as
 ``(head @ x.T).T`` (the left factor, no transposed copy of a tied embedding).
 
@@ -10,7 +10,7 @@ the load average after each block. The decoder stores input-major and takes the 
 left factor; gate|up as the left factor, fastest here alone, made whole decode steps slower
 (docs/results.md), so a layout is chosen by ``decode_throughput.py``, not by this alone.
 
-    .venv/bin/python benchmarks/matmul_layout.py --rows 24 96
+    .venv/bin/python benchmarks/matmul_layout.py --rows '[24, 96]' --threads 2
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from jsonargparse import ArgumentParser
+from roofline import best_seconds
 
 # (name, out, in) of SmolLM2-135M's matmuls: hidden 576, 3 KV heads x 64, intermediate 1536
 SHAPES = [
@@ -36,13 +36,8 @@ SHAPES = [
 
 
 def timed(call: Callable[[], torch.Tensor], calls: int) -> float:
-    """Seconds per call over ``calls`` calls, after 3 untimed ones."""
-    for _ in range(3):
-        call()
-    start = time.perf_counter()
-    for _ in range(calls):
-        call()
-    return (time.perf_counter() - start) / calls
+    """Seconds per call over one block of ``calls`` calls, after an untimed block."""
+    return best_seconds(lambda: [call() for _ in range(calls)], 1) / calls
 
 
 def layouts(x: torch.Tensor, w: torch.Tensor) -> dict[str, Callable[[], torch.Tensor]]:

@@ -4,6 +4,7 @@ without an adapter; a new adapter version is merged anew and loading order leaks
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 
@@ -12,6 +13,7 @@ import torch
 from lora_policy import randomise_lora_b
 
 from entrogym.agents.engines import SamplingParams, make_engine
+from entrogym.agents.engines.static_decode import StaticDecoder
 from entrogym.models import resolve_model
 from entrogym.train.learner.policy import LoraSettings, load_policy, save_adapter
 
@@ -187,10 +189,6 @@ def test_merged_weights_are_stored_input_major():
     """The sampling copy holds each projection transposed ([in, out], contiguous): peft's own
     merge (``merge_and_unload``) of the same adapter, read column-wise, and the model the
     decoder was built from is left as it was."""
-    import copy
-
-    from entrogym.agents.engines.static_decode import StaticDecoder
-
     policy = randomise_lora_b(load_policy(resolve_model("tiny-random-llama"), lora=LoraSettings()))
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     decoder = StaticDecoder(policy, policy.active_adapter)
