@@ -1,5 +1,8 @@
 """The base model's success rate on candidate tasks: which env fits as a sequential experiment's
-second task (base success 20-60 %, short answers) and which as its first.
+second task (base success 20-60 %, short answers) and which as its first. With ``--adapter
+LABEL=PATH`` it also scores trained adapters (a sequential experiment's stage-1 policies) on the
+same tasks and samples, to see where a collapsed start samples fewer correct answers than a held
+one.
 
 One ``hf`` engine and agent are loaded once; every candidate is evaluated on the first
 ``--tasks`` held-out tasks with ``--samples`` samples each, sampled as the trainer's eval rows
@@ -7,6 +10,8 @@ sample (temperature 1, seeded). Prints one JSON object per candidate as it finis
 of them, with pass@1, pass@k for k in 1, 4, ..., the samples, and the wall time.
 
     python benchmarks/task_base_rates.py --tasks 40 --samples 8 --out runs/base-rates.json
+    python benchmarks/task_base_rates.py --only arith-1digit-3ops --no-base \
+        --adapter grpo=runs/demo/seed0/grpo/adapters/v000015
 """
 
 from __future__ import annotations
@@ -40,10 +45,25 @@ CANDIDATES: dict[str, tuple[str, dict[str, Any]]] = {
         ARITHMETIC,
         {"max_digits": 1, "num_operands": 3, "num_train": 100, "num_test": 40},
     ),
+    "arith-1digit-3ops-add": (
+        ARITHMETIC,
+        {"max_digits": 1, "num_operands": 3, "operations": "+", "num_train": 100, "num_test": 40},
+    ),
     "arith-2digit": (ARITHMETIC, {"max_digits": 2, "num_train": 100, "num_test": 40}),
     "arith-1digit-mixed": (
         ARITHMETIC,
         {"max_digits": 1, "operations": "+-*", "num_train": 100, "num_test": 40},
+    ),
+    "arith-1digit-sub-neg": (
+        ARITHMETIC,
+        # all 100 ordered pairs (45 with a negative difference), split 60 / 40
+        {
+            "max_digits": 1,
+            "operations": "-",
+            "allow_negative": True,
+            "num_train": 60,
+            "num_test": 40,
+        },
     ),
     "arith-1digit-neg": (
         ARITHMETIC,
@@ -79,7 +99,25 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=None, help="candidate names to run")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--adapter",
+        action="append",
+        default=[],
+        metavar="LABEL=PATH",
+        help="also score this LoRA adapter folder (repeatable)",
+    )
+    parser.add_argument("--no-base", action="store_true", help="score only the adapters")
     args = parser.parse_args()
+    policies: list[tuple[str, str | None]] = [] if args.no_base else [("base", None)]
+    for spec in args.adapter:
+        label, sep, path = spec.partition("=")
+        if not sep or not label or not Path(path, "adapter_config.json").is_file():
+            parser.error(
+                f"--adapter {spec!r}: give LABEL=PATH to a folder with adapter_config.json"
+            )
+        policies.append((label, path))
+    if not policies:
+        parser.error("--no-base leaves nothing to score: add an --adapter LABEL=PATH")
     names = args.only or list(CANDIDATES)
     unknown = sorted(set(names) - set(CANDIDATES))
     if unknown:
@@ -89,16 +127,16 @@ def main() -> None:
     agent = LLMAgent.from_model(cfg.model, **cfg.agent_kwargs())
     results = []
     try:
-        for name in names:
+        for name, (label, adapter) in ((n, p) for n in names for p in policies):
             env_id, kwargs = CANDIDATES[name]
             t0 = time.perf_counter()
             try:
                 result = evaluate_policy(engine, agent, env_id, split="test",
                                          samples=args.samples, max_tasks=args.tasks,
-                                         temperature=1.0, seed=args.seed,
+                                         adapter=adapter, temperature=1.0, seed=args.seed,
                                          env_kwargs=kwargs)  # fmt: skip
             except Exception as exc:  # a candidate that cannot run is reported, not fatal
-                row = {"name": name, "error": f"{type(exc).__name__}: {exc}"}
+                row = {"name": name, "policy": label, "error": f"{type(exc).__name__}: {exc}"}
             else:
                 # per task: one bool per sample that ran (env errors left out)
                 correct = {
@@ -109,6 +147,7 @@ def main() -> None:
                 ks = sorted({k for k in (1, 4, 16, 64) if k <= args.samples} | {args.samples})
                 row = {
                     "name": name,
+                    "policy": label,
                     "env": env_id,
                     "env_kwargs": kwargs,
                     "pass_at_k": {str(k): mean_pass_at_k(correct, k) for k in ks}
