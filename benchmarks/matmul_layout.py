@@ -1,7 +1,8 @@
-"""GFLOP/s of a decode step's matmuls in three layouts the static decode path could use:
+"""GFLOP/s of a decode step's matmuls in four layouts the static decode path could use:
 ``F.linear(x, w)`` with ``w`` [out, in] (the model's own layout) against ``x @ w_t``
-with ``w_t`` [in, out] contiguous (``static_decode.input_major``), and the LM head as
-``(head @ x.T).T`` (the left factor, no transposed copy of a tied embedding).
+with ``w_t`` [in, out] contiguous (``static_decode.input_major``), the LM head as
+``(head @ x.T).T`` (the left factor, no transposed copy of a tied embedding), and MKL's packed
+sgemm (``torch.ops.mkl._mkl_linear`` on a weight reordered for the batch size).
 
 Shapes: SmolLM2-135M's projections (q|k|v, o, gate|up, down, head) at ``--rows`` rows (a
 decode step's batch; the learner's micro-batches have hundreds to thousands). Each number is
@@ -42,10 +43,15 @@ def timed(call: Callable[[], torch.Tensor], calls: int) -> float:
 
 def layouts(x: torch.Tensor, w: torch.Tensor) -> dict[str, Callable[[], torch.Tensor]]:
     w_t = w.t().contiguous()
+    rows = x.shape[0]
+    # MKL's packed sgemm (cblas_sgemm_pack), as inductor's frozen fp32 linear calls it: the
+    # weight reordered once for this batch size
+    packed = torch.ops.mkl._mkl_reorder_linear_weight(w, rows)
     return {
         "linear": lambda: F.linear(x, w),
         "input_major": lambda: x @ w_t,
         "left_factor": lambda: (w @ x.T).T,
+        "mkl_packed": lambda: torch.ops.mkl._mkl_linear(x, packed, w, None, rows),
     }
 
 
