@@ -43,16 +43,18 @@ def timed(call: Callable[[], torch.Tensor], calls: int) -> float:
 
 def layouts(x: torch.Tensor, w: torch.Tensor) -> dict[str, Callable[[], torch.Tensor]]:
     w_t = w.t().contiguous()
-    rows = x.shape[0]
-    # MKL's packed sgemm (cblas_sgemm_pack), as inductor's frozen fp32 linear calls it: the
-    # weight reordered once for this batch size
-    packed = torch.ops.mkl._mkl_reorder_linear_weight(w, rows)
-    return {
+    runs = {
         "linear": lambda: F.linear(x, w),
         "input_major": lambda: x @ w_t,
         "left_factor": lambda: (w @ x.T).T,
-        "mkl_packed": lambda: torch.ops.mkl._mkl_linear(x, packed, w, None, rows),
     }
+    if torch.backends.mkl.is_available():  # torch builds without MKL (e.g. on ARM) lack the ops
+        # MKL's packed sgemm (cblas_sgemm_pack), as inductor's frozen fp32 linear calls it: the
+        # weight reordered once for this batch size
+        rows = x.shape[0]
+        packed = torch.ops.mkl._mkl_reorder_linear_weight(w, rows)
+        runs["mkl_packed"] = lambda: torch.ops.mkl._mkl_linear(x, packed, w, None, rows)
+    return runs
 
 
 def main() -> None:

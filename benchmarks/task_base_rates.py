@@ -17,6 +17,7 @@ of them, with pass@1, pass@k for k in 1, 4, ..., the samples, and the wall time.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import time
 from dataclasses import asdict
@@ -127,7 +128,7 @@ def main() -> None:
     agent = LLMAgent.from_model(cfg.model, **cfg.agent_kwargs())
     results = []
     try:
-        for name, (label, adapter) in ((n, p) for n in names for p in policies):
+        for name, (label, adapter) in itertools.product(names, policies):
             env_id, kwargs = CANDIDATES[name]
             t0 = time.perf_counter()
             try:
