@@ -28,7 +28,11 @@ from entrogym.agents.engines import static_decode
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Llama's RMSNorm (``LlamaRMSNorm.forward``): normalise in fp32, scale in ``x``'s dtype."""
+    """Llama's RMSNorm (``LlamaRMSNorm.forward``): normalise in fp32, scale in ``x``'s dtype.
+
+    Written out rather than calling the layer's module: a module passed into a compiled
+    function is guarded by identity, so each of the 30 layers would compile again (past
+    dynamo's recompile limit); weights passed as tensors share one compiled graph."""
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
@@ -68,6 +72,9 @@ def patch_decoder() -> None:
     )
     eager = static_decode.StaticDecoder._forward
 
+    # The one-token branch of StaticDecoder._forward with the compiled pieces swapped in; it
+    # is mirrored here, not factored out of the decoder, so that the rollouts' own step stays
+    # as it is for a lever that was measured and not adopted.
     def forward(self, ids, positions, mask, start):
         b, t = ids.shape
         if t != 1:
