@@ -38,6 +38,7 @@ def train_config(
     env_workers: int | None = None,
     max_staleness: int = 0,
     trim_heap: bool = True,
+    thread_split: str = "even",
 ) -> Any:
     """The demo's GRPO TrainConfig with the workload's shapes and the benchmark's options."""
     from demo_workload import demo_config
@@ -68,6 +69,7 @@ def train_config(
         env_workers=cfg.env_workers if env_workers is None else env_workers,
         max_staleness=max_staleness,
         trim_heap=trim_heap,
+        thread_split=thread_split,
         **SCORING[scoring],
     )
 
@@ -109,6 +111,7 @@ def run(
     env_workers: int | None = None,
     max_staleness: int = 0,
     trim_heap: bool = True,
+    thread_split: str = "even",
 ) -> dict:
     from entrogym.train.folder.metrics import read_metrics
     from entrogym.train.trainer import Trainer
@@ -116,7 +119,9 @@ def run(
     t_spawn = float(os.environ.get("BENCH_SPAWN_TIME", time.time()))
     torch.manual_seed(work.seed)
     with tempfile.TemporaryDirectory(prefix="entrogym-bench-") as tmp:
-        cfg = train_config(work, engine, scoring, Path(tmp), env_workers, max_staleness, trim_heap)
+        cfg = train_config(
+            work, engine, scoring, Path(tmp), env_workers, max_staleness, trim_heap, thread_split
+        )
         sampler_engine = device_engine(cfg, work.device)
         trainer = Trainer(cfg, engine=sampler_engine)
         # equal work: every turn runs to the token budget (a sampler setting, no training option)
@@ -207,11 +212,13 @@ def main() -> None:
     p.add_argument("--env-workers", type=int, default=None, help="default: the trainer's")
     p.add_argument("--max-staleness", type=int, default=0)
     p.add_argument("--no-trim-heap", dest="trim_heap", action="store_false")
+    p.add_argument("--thread-split", choices=("even", "cost", "elastic"), default="even")
     args = p.parse_args()
     work = Workload.load(args.workload)
     result = run(
-        work, args.engine, args.scoring, args.env_workers, args.max_staleness, args.trim_heap
-    )
+        work, args.engine, args.scoring, args.env_workers, args.max_staleness, args.trim_heap,
+        args.thread_split,
+    )  # fmt: skip
     args.result.write_text(json.dumps(result))
 
 

@@ -166,6 +166,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=1,
         help="--max-staleness of entrogym's async run beside the synchronous one (0: no async run)",
     )
+    p.add_argument(
+        "--async-thread-split",
+        choices=("even", "cost", "elastic"),
+        default="elastic",
+        help="--thread-split of entrogym's async run (elastic: every core to the update while "
+        "the rollout thread waits for a version)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--env-workers",
@@ -205,7 +212,10 @@ def main(argv: list[str] | None = None) -> int:
         ours += [] if args.trim_heap else ["--no-trim-heap"]
         commands = {"entrogym": [*ours, "--max-staleness", "0"]}
         if args.async_staleness:
-            commands["entrogym_async"] = [*ours, "--max-staleness", str(args.async_staleness)]
+            commands["entrogym_async"] = [
+                *ours, "--max-staleness", str(args.async_staleness),
+                "--thread-split", args.async_thread_split,
+            ]  # fmt: skip
         if args.vs_trl:
             theirs = [str(BENCH_PYTHON), str(HERE / "bench_trl.py"), str(work_file), str(result)]
             commands["trl"] = theirs

@@ -82,7 +82,9 @@ class TrainConfig(AgentConfig):
             or ``cost`` (re-chosen after every iteration from each side's measured
             core-seconds; faster where the sides' costs differ, but the learner's thread
             count then depends on timings, and the gradients' last bits with it, so two runs
-            or a resumed one are no longer bit for bit the same).
+            or a resumed one are no longer bit for bit the same), or ``elastic`` (even's
+            shares, and every core to the learner while the rollout thread waits for a
+            version: faster where the update is the slower side, not bit for bit either).
         trim_heap: give freed heap memory back to the operating system after the rollouts
             and after each backward (glibc's ``malloc_trim``; :mod:`entrogym.train.heap`): a
             lower peak resident memory for the cost of faulting those pages in again.
@@ -142,7 +144,7 @@ class TrainConfig(AgentConfig):
     micro_batch_size: int = 8
     micro_batch_tokens: int | None = DEFAULT_MICRO_BATCH_TOKENS
     threads: int | None = None
-    thread_split: Literal["even", "cost"] = "even"
+    thread_split: Literal["even", "cost", "elastic"] = "even"
     trim_heap: bool = True
     sampler_entropy_check: bool = False
     score_layout: Literal["padded", "trimmed", "packed"] = "trimmed"
@@ -266,8 +268,10 @@ class TrainConfig(AgentConfig):
             raise ValueError(
                 f"max_env_error_fraction must be in [0, 1], got {self.max_env_error_fraction}"
             )
-        if self.thread_split not in ("even", "cost"):
-            raise ValueError(f"thread_split must be 'even' or 'cost', got {self.thread_split!r}")
+        if self.thread_split not in ("even", "cost", "elastic"):
+            raise ValueError(
+                f"thread_split must be 'even', 'cost' or 'elastic', got {self.thread_split!r}"
+            )
         cores = os.cpu_count() or 1
         if self.threads is not None and not 1 <= self.threads <= cores:
             raise ValueError(

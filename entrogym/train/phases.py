@@ -17,7 +17,9 @@ phase             what is timed
 A hook is ``hook(phase, seconds, info)``, called as each timed block ends; ``info`` holds what
 the block worked on (for ``scoring`` and ``forward``: the ``batch`` and the row ``index``), so
 a benchmark can count FLOPs of the real trainer without patching it
-(``benchmarks/bench_entrogym.py``).
+(``benchmarks/bench_entrogym.py``). A start hook, ``start(phase)``, is called as a timed block
+begins, in the thread that runs it (an async run's elastic split of the cores sets the
+learner's threads there: ``entrogym.train.sampler.threads``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 
 PHASES = ("generation", "env", "scoring", "forward", "backward", "optimizer", "publish")
 PhaseHook = Callable[[str, float, dict[str, Any]], None]
+StartHook = Callable[[str], None]
 
 
 class PhaseClock:
@@ -39,12 +42,20 @@ class PhaseClock:
 
     def __init__(self, hooks: tuple[PhaseHook, ...] = (), sync: Callable[[], Any] | None = None):
         self.hooks = list(hooks)
+        self.start_hooks: list[StartHook] = []
         self.sync = sync
         self.seconds: dict[str, float] = {}
+
+    def watch(self, start: StartHook, end: PhaseHook) -> None:
+        """Call ``start(phase)`` as each timed block begins and ``end`` as it ends."""
+        self.start_hooks.append(start)
+        self.hooks.append(end)
 
     @contextlib.contextmanager
     def time(self, phase: str, **info: Any) -> Iterator[None]:
         """Charge the block's wall time to ``phase``."""
+        for hook in self.start_hooks:
+            hook(phase)
         if self.sync is not None:
             self.sync()
         t0 = time.perf_counter()

@@ -131,7 +131,7 @@ class Trainer:
             self.run.say(probed)
         if self.control.tracks_probe_states and batches:  # a resumed run keeps its states
             self.state.probe_states = states_to_dict(batches)
-        with self.sampler.pipeline(start, self.cfg.iterations) as pipeline:
+        with self.sampler.pipeline(start, self.cfg.iterations, self.phases) as pipeline:
             iterations = range(start, self.cfg.iterations)
             for it in progress(iterations, desc="iterations", unit="iter", enabled=self.ranks.main):
                 self._fit_iteration(it, pipeline)

@@ -119,6 +119,23 @@ def test_no_batch_is_more_than_k_versions_old(tmp_path):
         "v000001", "v000002", "v000003", "v000004"]  # fmt: skip
 
 
+def test_an_elastic_split_reports_the_updates_seconds_on_every_core(tmp_path):
+    # 3 iterations at staleness 1: the rollout thread, done with the last batch, idles while
+    # the last update runs, so some learner phase must start with every core
+    cfg = TrainConfig(**RUN, iterations=3, max_staleness=1, thread_split="elastic",
+                      out=str(tmp_path))  # fmt: skip
+    rows = [r for r in read_metrics(train(cfg)) if r["kind"] == "train"]
+    cores = max(os.cpu_count() or 1, 2)
+    assert all(r["threads_rollout"] + r["threads_learner"] == cores for r in rows)
+    learner_s = [sum(r["phases_s"][p] for p in ("scoring", "forward", "backward", "optimizer"))
+                 for r in rows]  # fmt: skip
+    # the learner's seconds on every core are some of its seconds (both rounded in the row)
+    assert all(
+        0 <= r["learner_all_cores_s"] <= s + 1e-3 for r, s in zip(rows, learner_s, strict=True)
+    )
+    assert rows[-1]["learner_all_cores_s"] > 0
+
+
 def _logprobs(model, adapter, ids, attention):
     from peft import PeftModel
 

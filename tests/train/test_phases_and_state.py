@@ -27,6 +27,18 @@ def test_phase_clock_sums_per_phase_and_calls_hooks_with_the_blocks_info():
         clock.add("fwd", 1.0)
 
 
+def test_phase_clock_calls_start_hooks_before_the_block_runs():
+    events: list[tuple[str, str]] = []
+    clock = PhaseClock()
+    clock.watch(lambda phase: events.append(("start", phase)),
+                lambda phase, s, info: events.append(("end", phase)))  # fmt: skip
+    with clock.time("backward"):
+        events.append(("body", "backward"))
+    clock.add("generation", 1.0)  # measured elsewhere: only the end hook
+    assert events == [("start", "backward"), ("body", "backward"), ("end", "backward"),
+                      ("end", "generation")]  # fmt: skip
+
+
 def test_train_state_round_trips_and_reads_older_checkpoints():
     state = TrainState(iteration=4, cumulative_entropy=2.5, bad_steps=1, best=0.5,
                        control={"zeta": 0.1}, metrics_rows=7, algo="repo-r")  # fmt: skip

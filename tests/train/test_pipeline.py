@@ -38,6 +38,29 @@ def test_the_rollout_thread_waits_for_the_version_it_samples_with(k):
     assert {c[2] for c in calls} == {"rollouts"}
 
 
+def test_the_pipeline_says_when_its_rollout_thread_is_collecting():
+    inside: list[bool] = []
+    holder: list[RolloutPipeline] = []
+
+    def collect(it: int, version: int) -> int:
+        inside.append(holder[0].collecting)
+        return it
+
+    holder.append(RolloutPipeline(collect, max_staleness=1, start=0, stop=3))
+    with holder[0] as pipeline:  # the thread starts here, with the pipeline at hand
+        assert pipeline.get(0) == 0
+        assert pipeline.get(1) == 1  # sampled by version 0 as well
+        deadline = time.monotonic() + 5
+        # batch 2 needs version 1: the thread waits for it, and is not collecting
+        while pipeline.collecting and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not pipeline.collecting
+        pipeline.published(1)
+        assert pipeline.get(2) == 2
+    assert inside == [True, True, True]
+    assert not pipeline.collecting
+
+
 def test_synchronous_pipeline_collects_in_the_callers_thread():
     seen = []
     with RolloutPipeline(

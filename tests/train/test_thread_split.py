@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+import threading
 
 import pytest
 import torch
@@ -60,9 +61,51 @@ def test_the_split_follows_the_measured_costs_and_keeps_a_users_threads():
         fixed = ThreadSplit(16, learner_threads=5)
         fixed.observe({"generation": 3.0, "forward": 1.0})
         assert (fixed.rollout, fixed.learner) == (11, 5)  # --threads: the user's split stays
-        even = ThreadSplit(16, by_cost=False)
+        even = ThreadSplit(16, split="even")
         even.observe({"generation": 3.0, "forward": 1.0})
         assert (even.rollout, even.learner) == (8, 8)  # --thread-split even: half and half
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_elastic_gives_the_learner_every_core_while_the_rollout_thread_idles():
+    before = torch.get_num_threads()
+    busy = [True]
+    try:
+        split = ThreadSplit(4, split="elastic")
+        split.start()  # this thread is the learner's
+        split.watch(lambda: busy[0])
+        assert torch.get_num_threads() == 2 and split.fixed  # even's shares, never re-chosen
+        split.phase_started("scoring")
+        split.phase_ended("scoring", 1.5, {})
+        assert torch.get_num_threads() == 2  # the rollout thread is collecting: the share
+        busy[0] = False
+        split.phase_started("forward")
+        assert torch.get_num_threads() == 4  # it waits for a version: every core
+        split.phase_ended("forward", 2.0, {})
+        split.phase_started("generation")  # not a learner phase: the count stays
+        assert torch.get_num_threads() == 4
+        busy[0] = True
+        seen: list[int] = []
+
+        def other_thread() -> None:  # a phase timed outside the learner's thread is not its
+            torch.set_num_threads(1)
+            split.phase_started("backward")
+            seen.append(torch.get_num_threads())
+
+        t = threading.Thread(target=other_thread)
+        t.start()
+        t.join()
+        assert seen == [1] and torch.get_num_threads() == 4
+        split.phase_started("backward")
+        assert torch.get_num_threads() == 2  # busy again: back to the share
+        split.phase_ended("backward", 4.0, {})
+        # only the forward pass ran on every core; the row reports it once
+        assert split.row() == {"threads_rollout": 2, "threads_learner": 2,
+                               "learner_all_cores_s": 2.0}  # fmt: skip
+        assert split.row()["learner_all_cores_s"] == 0.0
+        split.observe({"generation": 9.0, "forward": 1.0})  # costs never move its shares
+        assert (split.rollout, split.learner) == (2, 2)
     finally:
         torch.set_num_threads(before)
 
@@ -70,5 +113,5 @@ def test_the_split_follows_the_measured_costs_and_keeps_a_users_threads():
 def test_an_unknown_thread_split_is_refused():
     from entrogym.train.config import TrainConfig
 
-    with pytest.raises(ValueError, match="thread_split must be 'even' or 'cost'"):
+    with pytest.raises(ValueError, match="thread_split must be 'even', 'cost' or 'elastic'"):
         TrainConfig(thread_split="fast")  # type: ignore[arg-type]

@@ -39,6 +39,7 @@ from entrogym.train.folder.rng import iteration_seed
 from entrogym.train.folder.safety import adapter_folder, prune_adapters, write_error
 from entrogym.train.learner.policy import save_adapter
 from entrogym.train.learner.versions import Weights, WeightVersions
+from entrogym.train.phases import PhaseClock
 from entrogym.train.progress import counter, progress
 from entrogym.train.sampler.pipeline import RolloutPipeline
 from entrogym.train.sampler.threads import ThreadSplit
@@ -195,9 +196,10 @@ class Sampler:
 
     # ----- rollouts -------------------------------------------------------------------------
 
-    def pipeline(self, start: int, stop: int) -> RolloutPipeline:
+    def pipeline(self, start: int, stop: int, phases: PhaseClock | None = None) -> RolloutPipeline:
         """Iterations ``start .. stop - 1``'s batches, collected ahead of the update by up to
-        ``max_staleness`` versions (rank 0 alone collects)."""
+        ``max_staleness`` versions (rank 0 alone collects). ``phases``: the learner's phase
+        clock, which an elastic split of the cores watches."""
         self._pipeline = RolloutPipeline(
             self.collect,
             max_staleness=self.cfg.max_staleness,
@@ -206,6 +208,9 @@ class Sampler:
             floor=min(self.versions.versions()) if self.versions is not None else start,
             before_batch=self._split_threads(),
         )
+        if self.threads is not None and self.threads.split == "elastic" and phases is not None:
+            self.threads.watch(lambda: self._pipeline is not None and self._pipeline.collecting)
+            phases.watch(self.threads.phase_started, self.threads.phase_ended)
         return self._pipeline
 
     def _should_stop(self) -> bool:
@@ -216,21 +221,23 @@ class Sampler:
     def _split_threads(self) -> Any:
         """With rollouts beside the update and the engine in this process (``hf``), the two
         share the cores (:mod:`entrogym.train.sampler.threads`): half and half (or
-        ``threads`` for the learner), re-chosen by measured cost with ``thread_split cost``.
+        ``threads`` for the learner), re-chosen by measured cost with ``thread_split cost``,
+        all of them to the learner while the rollout thread idles with ``elastic``.
         Returns the rollout thread's call before each batch."""
         if not self.cfg.max_staleness or getattr(self.engine, "kind", None) != "hf":
             self.threads = None
             return None
-        by_cost = self.cfg.thread_split == "cost"
-        self.threads = ThreadSplit(os.cpu_count() or 1, self.cfg.threads, by_cost=by_cost)
+        split = self.cfg.thread_split
+        self.threads = ThreadSplit(os.cpu_count() or 1, self.cfg.threads, split=split)
         self.threads.start()
         return self.threads.apply_rollout
 
     def observe_phases(self, phases_s: dict[str, float]) -> dict[str, Any]:
         """After an iteration: the metrics row's record of the split it ran with (empty where
-        no split is re-chosen: ``thread_split even``, ``threads`` set, or no split at all);
-        then the cores are re-split by its costs."""
-        if self.threads is None or self.threads.fixed:
+        no split is re-chosen: ``thread_split even``, ``threads`` set, or no split at all;
+        ``elastic`` records the learner's seconds on every core); then the cores are re-split
+        by its costs."""
+        if self.threads is None or (self.threads.fixed and self.threads.split != "elastic"):
             return {}
         used = self.threads.row()
         self.threads.observe(phases_s)

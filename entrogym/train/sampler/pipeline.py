@@ -68,6 +68,7 @@ class RolloutPipeline(Generic[T]):
         self._ready: deque[tuple[int, T | None, BaseException | None]] = deque()
         self._cond = threading.Condition()
         self._stopping = False
+        self._collecting = False
         self._thread: threading.Thread | None = None
 
     def version_of(self, iteration: int) -> int:
@@ -81,6 +82,12 @@ class RolloutPipeline(Generic[T]):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @property
+    def collecting(self) -> bool:
+        """Whether the rollout thread is collecting a batch now (not waiting for a version,
+        nor finished)."""
+        return self._collecting
 
     @property
     def stopping(self) -> bool:
@@ -131,12 +138,15 @@ class RolloutPipeline(Generic[T]):
                     self._cond.wait()
                 if self._stopping:
                     return
+            self._collecting = True
             if self.before_batch is not None:  # e.g. this thread's share of the cores
                 self.before_batch()
             try:
                 item = (iteration, self.collect(iteration, version), None)
             except BaseException as exc:  # noqa: BLE001  (handed to the training loop)
                 item = (iteration, None, exc)
+            finally:
+                self._collecting = False
             with self._cond:
                 self._ready.append(item)
                 self._cond.notify_all()
