@@ -84,6 +84,12 @@ RG_DATASETS = (
     "lcm",
     "base_conversion",
     "word_sorting",
+    "leg_counting",
+    "decimal_arithmetic",
+    "power_function",
+    "coin_flip",
+    "number_filtering",
+    "count_primes",
 )
 for _name in RG_DATASETS:
     CANDIDATES[f"rg-{_name}"] = (
