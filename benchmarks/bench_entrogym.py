@@ -189,6 +189,7 @@ def summary(row: dict, counts: dict) -> dict:
         "sampler_mismatch": row.get("sampler_mismatch"),
         "clip_frac_low": row.get("clip_frac_low"),
         "clip_frac_high": row.get("clip_frac_high"),
+        "learner_all_cores_s": row.get("learner_all_cores_s"),  # --thread-split elastic only
     }
 
 

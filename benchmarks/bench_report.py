@@ -63,6 +63,8 @@ def summarize(runs: list[dict], dtype: str, body_key: str = "bf16") -> dict:
         )
         out["learner_ceiling_fraction"] = out["learner_gflops_per_s"] / ceiling
         out["sampler_mismatch"] = [x["sampler_mismatch"] for x in timed]
+    if timed[0].get("learner_all_cores_s") is not None:
+        out["learner_all_cores_s"] = [x["learner_all_cores_s"] for x in timed]
     return out
 
 

@@ -92,10 +92,13 @@ def test_worker_runs_the_trainers_fit_and_reports_its_phases(tmp_path):
 def test_async_worker_runs_rollouts_beside_the_update_at_full_length(tmp_path):
     args = ["--model", "tiny-random-llama", "--tasks", "2", "--samples", "2", "--iterations", "2"]
     work = iteration.build_workload(iteration.parse_args(args))
-    out = bench_entrogym.run(work, "hf", "fast", max_staleness=1)
+    out = bench_entrogym.run(work, "hf", "fast", max_staleness=1, thread_split="elastic")
     first, second = out["iterations"]
     assert not first["beside"] and second["beside"]  # iteration 1 trains on version 0's batch
     assert "wait" in second["phases_s"] and "wait" not in first["phases_s"]
+    # the last update runs with no batch left to collect: on every core, and counted
+    learner_s = sum(second["phases_s"][p] for p in ("scoring", "forward", "backward", "optimizer"))
+    assert 0 < second["learner_all_cores_s"] <= learner_s + 0.01
     # EOS ignored: every completion runs to the budget, so the work is known in advance
     budget = work.settings["max_response_tokens"]
     assert first["generated_tokens"] == second["generated_tokens"] == 2 * 2 * budget
