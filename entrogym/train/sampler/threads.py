@@ -34,7 +34,6 @@ import torch
 ROLLOUT_PHASES = ("generation",)
 LEARNER_PHASES = ("scoring", "forward", "backward", "optimizer")
 Split = Literal["even", "cost", "elastic"]
-SPLITS: tuple[Split, ...] = ("even", "cost", "elastic")
 
 
 def balanced_split(cores: int, rollout_core_s: float, learner_core_s: float) -> tuple[int, int]:
