@@ -23,6 +23,8 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 import torch  # noqa: E402
 from bench_common import ModelShape, Workload, matmul_ceiling  # noqa: E402
 
+from entrogym.train.config import THREAD_SPLITS  # noqa: E402
+
 # --scoring: the TrainConfig options it stands for (fast is the trainer's default).
 SCORING = {
     "fast": {"score_layout": "trimmed", "action_only_head": True},
@@ -213,7 +215,7 @@ def main() -> None:
     p.add_argument("--env-workers", type=int, default=None, help="default: the trainer's")
     p.add_argument("--max-staleness", type=int, default=0)
     p.add_argument("--no-trim-heap", dest="trim_heap", action="store_false")
-    p.add_argument("--thread-split", choices=("even", "cost", "elastic"), default="even")
+    p.add_argument("--thread-split", choices=THREAD_SPLITS, default="even")
     args = p.parse_args()
     work = Workload.load(args.workload)
     result = run(

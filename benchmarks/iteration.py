@@ -44,6 +44,8 @@ from pathlib import Path
 from bench_common import DEMO, PeakRss, Workload
 from bench_report import build_report, table, timed_index
 
+from entrogym.train.config import THREAD_SPLITS
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
 HERE = Path(__file__).resolve().parent
@@ -168,7 +170,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--async-thread-split",
-        choices=("even", "cost", "elastic"),
+        choices=THREAD_SPLITS,
         default="elastic",
         help="--thread-split of entrogym's async run (elastic: every core to the update while "
         "the rollout thread waits for a version)",

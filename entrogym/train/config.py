@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from entrogym.agents.config import AgentConfig
 from entrogym.agents.env_workers import (
@@ -34,6 +34,12 @@ from entrogym.train.folder.trackers import NO_TRACKER, parse_report_to
 # (~2.5 MB a token), whatever the episodes' length; single-turn batches stay under it.
 DEFAULT_MICRO_BATCH_TOKENS = 2048
 MAX_SEED = 2**32 - 1  # numpy's seed range; every seed the run derives stays within int64
+
+
+# How an async run with the in-process hf engine splits the cores
+# (entrogym.train.sampler.threads).
+ThreadSplitName = Literal["even", "cost", "elastic"]
+THREAD_SPLITS: tuple[str, ...] = get_args(ThreadSplitName)
 
 
 @dataclass
@@ -144,7 +150,7 @@ class TrainConfig(AgentConfig):
     micro_batch_size: int = 8
     micro_batch_tokens: int | None = DEFAULT_MICRO_BATCH_TOKENS
     threads: int | None = None
-    thread_split: Literal["even", "cost", "elastic"] = "even"
+    thread_split: ThreadSplitName = "even"
     trim_heap: bool = True
     sampler_entropy_check: bool = False
     score_layout: Literal["padded", "trimmed", "packed"] = "trimmed"
@@ -268,7 +274,7 @@ class TrainConfig(AgentConfig):
             raise ValueError(
                 f"max_env_error_fraction must be in [0, 1], got {self.max_env_error_fraction}"
             )
-        if self.thread_split not in ("even", "cost", "elastic"):
+        if self.thread_split not in THREAD_SPLITS:
             raise ValueError(
                 f"thread_split must be 'even', 'cost' or 'elastic', got {self.thread_split!r}"
             )

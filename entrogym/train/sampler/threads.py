@@ -25,15 +25,16 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import torch
+
+from entrogym.train.config import ThreadSplitName
 
 # The phases each side spends its threads on (``entrogym.train.phases``): env steps run in
 # their own processes, and publishing is a file write.
 ROLLOUT_PHASES = ("generation",)
 LEARNER_PHASES = ("scoring", "forward", "backward", "optimizer")
-Split = Literal["even", "cost", "elastic"]
 
 
 def balanced_split(cores: int, rollout_core_s: float, learner_core_s: float) -> tuple[int, int]:
@@ -59,7 +60,7 @@ class ThreadSplit:
     (``entrogym.train.phases``), and :meth:`watch` says when the rollout thread is busy."""
 
     def __init__(
-        self, cores: int, learner_threads: int | None = None, *, split: Split = "cost"
+        self, cores: int, learner_threads: int | None = None, *, split: ThreadSplitName = "cost"
     ) -> None:
         self.cores = cores
         self.split = split
