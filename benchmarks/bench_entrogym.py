@@ -40,7 +40,7 @@ def train_config(
     env_workers: int | None = None,
     max_staleness: int = 0,
     trim_heap: bool = True,
-    thread_split: str = "even",
+    thread_split: str = "elastic",
 ) -> Any:
     """The demo's GRPO TrainConfig with the workload's shapes and the benchmark's options."""
     from demo_workload import demo_config
@@ -113,7 +113,7 @@ def run(
     env_workers: int | None = None,
     max_staleness: int = 0,
     trim_heap: bool = True,
-    thread_split: str = "even",
+    thread_split: str = "elastic",
 ) -> dict:
     from entrogym.train.folder.metrics import read_metrics
     from entrogym.train.trainer import Trainer
@@ -215,7 +215,7 @@ def main() -> None:
     p.add_argument("--env-workers", type=int, default=None, help="default: the trainer's")
     p.add_argument("--max-staleness", type=int, default=0)
     p.add_argument("--no-trim-heap", dest="trim_heap", action="store_false")
-    p.add_argument("--thread-split", choices=THREAD_SPLITS, default="even")
+    p.add_argument("--thread-split", choices=THREAD_SPLITS, default="elastic")
     args = p.parse_args()
     work = Workload.load(args.workload)
     result = run(

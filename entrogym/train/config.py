@@ -84,13 +84,13 @@ class TrainConfig(AgentConfig):
         threads: torch CPU threads of the learner (None = torch's default; in an async run with
             the hf engine, half the cores, the rollout thread taking the rest).
         thread_split: how an async run with the hf engine splits the cores between the rollout
-            thread and the learner: ``even`` (half and half, or ``threads`` for the learner)
-            or ``cost`` (re-chosen after every iteration from each side's measured
-            core-seconds; faster where the sides' costs differ, but the learner's thread
-            count then depends on timings, and the gradients' last bits with it, so two runs
-            or a resumed one are no longer bit for bit the same), or ``elastic`` (even's
-            shares, and every core to the learner while the rollout thread waits for a
-            version: faster where the update is the slower side, not bit for bit either).
+            thread and the learner: ``elastic`` (the default: half and half, or ``threads``
+            for the learner, while both run, and every core to the learner while the rollout
+            thread waits for a version; the learner's thread count then depends on timings,
+            and the gradients' last bits with it, so two runs or a resumed one are not bit
+            for bit the same), ``cost`` (re-chosen after every iteration from each side's
+            measured core-seconds; not bit for bit either) or ``even`` (half and half, fixed:
+            the split for a run that must be reproducible bit for bit, resume included).
         trim_heap: give freed heap memory back to the operating system after the rollouts
             and after each backward (glibc's ``malloc_trim``; :mod:`entrogym.train.heap`): a
             lower peak resident memory for the cost of faulting those pages in again.
@@ -150,7 +150,7 @@ class TrainConfig(AgentConfig):
     micro_batch_size: int = 8
     micro_batch_tokens: int | None = DEFAULT_MICRO_BATCH_TOKENS
     threads: int | None = None
-    thread_split: ThreadSplitName = "even"
+    thread_split: ThreadSplitName = "elastic"
     trim_heap: bool = True
     sampler_entropy_check: bool = False
     score_layout: Literal["padded", "trimmed", "packed"] = "trimmed"

@@ -192,8 +192,9 @@ def test_async_run_killed_mid_pipeline_resumes_exactly(tmp_path, monkeypatch):
     from test_trainer import _cli_args, _kill_at_checkpoint, _run_cli
 
     def args(out):
-        a = _cli_args(out, 4) + ["--max-staleness", "1", "--micro-batch-size", "2"]
-        return a + ["--algo.minibatch-size", "3"]
+        # even: a split that follows timings (the default, elastic) is not bit for bit
+        a = _cli_args(out, 4) + ["--max-staleness", "1", "--thread-split", "even"]
+        return a + ["--micro-batch-size", "2", "--algo.minibatch-size", "3"]
 
     full, killed = tmp_path / "full", tmp_path / "killed"
     p = _run_cli(args(full))

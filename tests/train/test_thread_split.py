@@ -68,6 +68,20 @@ def test_the_split_follows_the_measured_costs_and_keeps_a_users_threads():
         torch.set_num_threads(before)
 
 
+def test_elastic_keeps_a_users_threads():
+    before = torch.get_num_threads()
+    try:
+        split = ThreadSplit(4, learner_threads=1, split="elastic")
+        split.start()
+        split.watch(lambda: False)  # the rollout thread idles
+        split.phase_started("forward")
+        split.phase_ended("forward", 2.0, {})
+        assert torch.get_num_threads() == 1  # --threads 1 caps the learner: no widening
+        assert split.row() == {"threads_rollout": 3, "threads_learner": 1}
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_elastic_gives_the_learner_every_core_while_the_rollout_thread_idles():
     before = torch.get_num_threads()
     busy = [True]

@@ -237,7 +237,7 @@ class Sampler:
         no split is re-chosen: ``thread_split even``, ``threads`` set, or no split at all;
         ``elastic`` records the learner's seconds on every core); then the cores are re-split
         by its costs."""
-        if self.threads is None or (self.threads.fixed and self.threads.split != "elastic"):
+        if self.threads is None or (self.threads.fixed and not self.threads.elastic):
             return {}
         used = self.threads.row()
         self.threads.observe(phases_s)

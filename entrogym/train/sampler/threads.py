@@ -8,17 +8,20 @@ cost divided by the threads: the most that more threads can buy). It is re-chose
 iteration, only with ``--thread-split cost``: the learner's thread count then follows timings,
 and torch's CPU gradients differ in their last bits between thread counts (measured: 5.5e-5
 between 1 and 2 threads on SmolLM2's LoRA gradients), so such a run is not reproducible bit
-for bit. The default, ``even``, keeps half and half. With ``--threads`` set the learner keeps
-it and nothing is re-chosen; on two cores every split is one core each.
+for bit. ``even`` keeps half and half, the split for a run that must be. With ``--threads`` set
+the learner keeps it and nothing is re-chosen, under any split; on two cores every split is
+one core each.
 
-``--thread-split elastic`` keeps ``even``'s shares while both sides run, and gives the learner
-every core while the rollout thread has nothing to do: once it has collected the batches the
-staleness bound allows, it waits for the update to publish the next version, and a learner
-slower than the rollouts (the 2-core CPU case: the update is most of an iteration) would
-otherwise leave those cores idle. The learner takes its count as each of its phases starts
-(scoring, forward, backward, optimizer: a micro-batch at most), so the rollouts of a new version
-share the cores with it for at most the rest of one micro-batch. Its thread counts follow
-timings, so, like ``cost``, it is not reproducible bit for bit.
+``--thread-split elastic``, the default, keeps ``even``'s shares while both sides run, and gives
+the learner every core while the rollout thread has nothing to do: once it has collected the
+batches the staleness bound allows, it waits for the update to publish the next version, and a
+learner slower than the rollouts (the 2-core CPU case: the update is most of an iteration)
+would otherwise leave those cores idle. The learner takes its count as each of its phases
+starts (scoring, forward, backward, optimizer: a micro-batch at most), so the rollouts of a new
+version share the cores with it for at most the rest of one micro-batch. Its thread counts
+follow timings, so, like ``cost``, it is not reproducible bit for bit. It is the default
+because half and half leaves a core idle whenever one side waits: on two cores an async run
+with ``even`` was slower than the synchronous loop (docs/results.md).
 """
 
 from __future__ import annotations
@@ -66,6 +69,8 @@ class ThreadSplit:
         self.split = split
         # --threads (the user's, kept) or even / elastic: the shares are never re-chosen
         self.fixed = learner_threads is not None or split != "cost"
+        # elastic widens the learner only where no --threads caps it
+        self.elastic = split == "elastic" and learner_threads is None
         self.learner = learner_threads or max(1, cores // 2)
         self.rollout = max(1, cores - self.learner)
         self.rollout_core_s = 0.0
@@ -109,7 +114,7 @@ class ThreadSplit:
 
     def _elastic_learner_phase(self, phase: str) -> bool:
         return (
-            self.split == "elastic"
+            self.elastic
             and phase in LEARNER_PHASES
             and threading.get_ident() == self._learner_thread
         )
@@ -131,7 +136,7 @@ class ThreadSplit:
         elastic: ``learner_all_cores_s``, the update's seconds on every core since the last
         row)."""
         row: dict[str, Any] = {"threads_rollout": self.rollout, "threads_learner": self.learner}
-        if self.split == "elastic":
+        if self.elastic:
             row["learner_all_cores_s"] = round(self.all_cores_s, 3)
             self.all_cores_s = 0.0
         return row
