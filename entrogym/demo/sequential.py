@@ -38,7 +38,7 @@ class TaskPair:
 
 
 ARITHMETIC = "entrogym/Arithmetic-v0"
-# one-digit + and -, the demo's task: task A of every pair
+# one-digit + and -, the demo's task: task A of the first pairs
 ADD1 = Task(ARITHMETIC, {"max_digits": 1, "num_train": 100, "num_test": 40})
 PAIRS: dict[str, TaskPair] = {
     "add1-add2": TaskPair(
@@ -53,6 +53,13 @@ PAIRS: dict[str, TaskPair] = {
             ARITHMETIC, {"max_digits": 1, "operations": "+-*", "num_train": 100, "num_test": 40}
         ),
         why="one-digit + and - (the demo's task), then one-digit +, - and * (* is new)",
+    ),
+    # the closest pair to the stage-2 goal (docs/results.md, 2026-11-28 14:55): a single
+    # operator to collapse onto, then another; B's base pass@1 0.24, in the 20-60 % band
+    "add-mul": TaskPair(
+        a=Task(ARITHMETIC, {"max_digits": 1, "operations": "+", "num_train": 40, "num_test": 20}),
+        b=Task(ARITHMETIC, {"max_digits": 1, "operations": "*", "num_train": 40, "num_test": 20}),
+        why="one-digit + alone, then one-digit * (another operation on the same operands)",
     ),
 }
 DEFAULT_PAIR = "add1-add2"

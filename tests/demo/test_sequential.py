@@ -144,3 +144,14 @@ def test_goals_compare_the_held_run_with_grpo_on_every_seed() -> None:
     assert result["stage2"] is True  # mean 0.15 >= 0.10 and higher on both seeds
     assert result["pass16"] is False  # seed 1 gains only 0.03
     assert result["tracking"] is False  # seed 1 left the band by 0.30
+
+
+@pytest.mark.parametrize("name", ["add1-add2", "add1-mixed", "add-mul"])
+def test_every_registered_pair_makes_with_a_held_out_split(name: str) -> None:
+    from entrogym.commands.sequential import check_task
+    from entrogym.demo.sequential import PAIRS
+
+    pair = PAIRS[name]
+    for role, task in (("a", pair.a), ("b", pair.b)):
+        check_task(role, task.env, task.env_kwargs)  # raises ValueError naming the problem
+    assert set(PAIRS) == {"add1-add2", "add1-mixed", "add-mul"}  # a new pair is added here too
