@@ -2,7 +2,8 @@
 forward with its per-layer pieces compiled (RMSNorm, the q|k|v matmul and rotary embedding
 before attention; the output projection, residuals, RMSNorm and SiLU-gated MLP after it; the
 final norm and LM head), attention and the KV-cache writes left eager, so that every decode
-step has one shape and nothing recompiles as the cache fills. Prefill is not compiled.
+step has one shape and nothing recompiles as the cache fills. Prefill is not compiled. The decoder is
+built unpacked (input-major), the layout the pieces were measured on.
 
 It runs ``decode_throughput.py`` (same workload, roofline and JSON) with the decoder patched,
 or unpatched with ``--compile off``, one process per call so that each counts its own
@@ -84,17 +85,25 @@ def patch_decoder() -> None:
         cos, sin = self.rotary(x, positions)
         for layer, (k_cache, v_cache) in zip(self.layers, self._cache, strict=True):
             ln = layer.ln_in
-            q, k, v = pre(x, ln.weight, ln.variance_epsilon, layer.qkv, cos, sin, h, kvh, d)
+            q, k, v = pre(x, ln.weight, ln.variance_epsilon, layer.qkv.weight, cos, sin, h, kvh, d)
             k_cache[:, :, start : start + 1] = k
             v_cache[:, :, start : start + 1] = v
             keys, values = k_cache[:, :, : start + 1], v_cache[:, :, : start + 1]
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
             ln = layer.ln_post
-            x = post(x, out.reshape(b, 1, h * d), layer.o, ln.weight, ln.variance_epsilon,
-                     layer.gate_up, layer.down)  # fmt: skip
+            x = post(x, out.reshape(b, 1, h * d), layer.o.weight, ln.weight, ln.variance_epsilon,
+                     layer.gate_up.weight, layer.down.weight)  # fmt: skip
         return final(x, self.norm.weight, self.norm.variance_epsilon, self.head)
 
     static_decode.StaticDecoder._forward = forward
+    # the pieces multiply input-major tensors: the decoder's unpacked layout (the oneDNN-packed
+    # one is an opaque tensor inductor does not take as an input)
+    init = static_decode.StaticDecoder.__init__
+
+    def unpacked(self, net, adapter, packed=None):
+        init(self, net, adapter, packed=False)
+
+    static_decode.StaticDecoder.__init__ = unpacked
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -79,21 +79,42 @@ def best_seconds(fn: Callable[[], object], reps: int) -> float:
     return best
 
 
+def onednn_kernel(a: torch.Tensor, b: torch.Tensor) -> Callable[[], object] | None:
+    """``a @ b`` by oneDNN's linear kernel over ``b`` packed once (what the ``hf`` engine's
+    static decoder runs on CPU, ``entrogym.agents.engines.static_decode.Projection``); None
+    where this torch has no oneDNN, off the CPU, or in a dtype it does not pack. MKL's
+    sgemm, which ``a @ b`` calls on CPU, can be far from what the machine does: 121 against
+    394 GFLOP/s in fp32 at [24, 576] x [576, 1536] on an AMD EPYC (docs/results.md), so a
+    ceiling is the best of both."""
+    import torch
+
+    if a.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return None
+    if a.dtype not in (torch.float32, torch.bfloat16):
+        return None
+    packed = torch.ops.mkldnn._reorder_linear_weight(b.t().contiguous(), None)
+    return lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], "")
+
+
 def matmul_rate(dtype: torch.dtype, rows: int, hidden: int, inner: int) -> float:
     """FLOP/s of [rows, hidden] x [hidden, inner] in ``dtype`` (the decode step's MLP shape),
-    best of 20 timings of 50 products, at this process's threads and at one thread, whichever
-    is faster: where other jobs hold the cores, the threads' synchronisation can make a small
-    matmul many times slower on 2 threads than on 1, and a ceiling is the best the machine
-    gives (measured here: 0.2 against 88 GFLOP/s at a load average of 11 on 2 cores)."""
+    best of 20 timings of 50 products, by the fastest kernel (torch's matmul, or oneDNN's over
+    a packed weight: :func:`onednn_kernel`), at this process's threads and at one thread,
+    whichever is faster: where other jobs hold the cores, the threads' synchronisation can
+    make a small matmul many times slower on 2 threads than on 1, and a ceiling is the best
+    the machine gives (measured here: 0.2 against 88 GFLOP/s at a load average of 11 on 2
+    cores)."""
     import torch
 
     a, b = torch.randn(rows, hidden).to(dtype), torch.randn(hidden, inner).to(dtype)
+    kernels = [lambda: a @ b, onednn_kernel(a, b)]
     threads = torch.get_num_threads()
     best = float("inf")
     try:
         for n in sorted({1, threads}):
             torch.set_num_threads(n)
-            best = min(best, best_seconds(lambda: [a @ b for _ in range(50)], 20))
+            for kernel in filter(None, kernels):
+                best = min(best, best_seconds(lambda k=kernel: [k() for _ in range(50)], 20))
     finally:
         torch.set_num_threads(threads)
     return 2 * rows * hidden * inner * 50 / best

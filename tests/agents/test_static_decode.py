@@ -12,6 +12,7 @@ import pytest
 import torch
 from lora_policy import randomise_lora_b
 
+from entrogym import onednn
 from entrogym.agents.engines import SamplingParams, make_engine
 from entrogym.agents.engines.static_decode import StaticDecoder
 from entrogym.models import resolve_model
@@ -185,14 +186,18 @@ def test_static_decoding_moves_the_global_stream_as_generate_does():
     assert torch.equal(_draw_after("static"), _draw_after("generate"))
 
 
-def test_merged_weights_are_stored_input_major():
-    """The sampling copy holds each projection transposed ([in, out], contiguous): peft's own
-    merge (``merge_and_unload``) of the same adapter, read column-wise, and the model the
-    decoder was built from is left as it was."""
+@pytest.mark.parametrize("packed", [False, True], ids=["input-major", "onednn"])
+def test_merged_projections_compute_peft_merge(packed):
+    """Each projection of the sampling copy computes ``x @ W.T`` for peft's own merge
+    (``merge_and_unload``) of the same adapter; unpacked, it is stored transposed ([in, out],
+    contiguous); and the model the decoder was built from is left as it was."""
+    if packed and not onednn.supported(torch.device("cpu"), torch.float32):
+        pytest.skip("this torch build has no oneDNN")
     policy = randomise_lora_b(load_policy(resolve_model("tiny-random-llama"), lora=LoraSettings()))
     before = {k: v.clone() for k, v in policy.state_dict().items()}
-    decoder = StaticDecoder(policy, policy.active_adapter)
+    decoder = StaticDecoder(policy, policy.active_adapter, packed=packed)
     merged = copy.deepcopy(policy).merge_and_unload()
+    gen = torch.Generator().manual_seed(0)
     for layer, block in zip(decoder.layers, merged.model.layers, strict=True):
         attn, mlp = block.self_attn, block.mlp
         expected = {
@@ -202,8 +207,32 @@ def test_merged_weights_are_stored_input_major():
             "down": mlp.down_proj.weight,
         }
         for name, weight in expected.items():
-            stored = getattr(layer, name)
-            assert stored.is_contiguous() and stored.shape == weight.T.shape, name
-            torch.testing.assert_close(stored, weight.T, rtol=0, atol=1e-6)
+            projection = getattr(layer, name)
+            assert projection.packed == packed
+            if not packed:
+                stored = projection.weight
+                assert stored.is_contiguous() and stored.shape == weight.T.shape, name
+                torch.testing.assert_close(stored, weight.T, rtol=0, atol=1e-6)
+            rows = torch.randn(5, 1, weight.shape[1], generator=gen)
+            with torch.no_grad():
+                torch.testing.assert_close(projection(rows), rows @ weight.T, rtol=1e-5, atol=1e-5)
     after = policy.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_onednn_packing_samples_what_the_plain_copy_samples(adapters, dtype):
+    """The oneDNN-packed sampling copy draws the same tokens under a seed as the input-major
+    one, with the same log-probs to rounding."""
+    if not onednn.supported(torch.device("cpu"), dtype):
+        pytest.skip(f"this CPU or torch build cannot pack {dtype} for oneDNN")
+    policy = randomise_lora_b(load_policy(resolve_model("tiny-random-llama"), lora=LoraSettings()))
+    policy = policy.to(dtype)
+    out = {}
+    for packed in (False, True):
+        decoder = StaticDecoder(policy, policy.active_adapter, packed=packed)
+        torch.manual_seed(0)
+        out[packed] = decoder.sample(PROMPTS, SETTINGS[0], 10, [], 0)
+    assert torch.equal(out[True][0], out[False][0])
+    tolerance = 1e-4 if dtype == torch.float32 else 5e-2  # bf16 rounds each product's sum
+    torch.testing.assert_close(out[True][1], out[False][1], rtol=0, atol=tolerance)

@@ -33,7 +33,10 @@ def test_compiled_step_samples_what_the_eager_step_samples(monkeypatch):
     eager = _sample()
     monkeypatch.setattr(
         static_decode.StaticDecoder, "_forward", static_decode.StaticDecoder._forward
-    )  # restored after the test
+    )  # restored after the test, as is the layout choice the patch turns off
+    monkeypatch.setattr(
+        static_decode.StaticDecoder, "__init__", static_decode.StaticDecoder.__init__
+    )
     decode_compile.patch_decoder()
     assert static_decode.StaticDecoder._forward.__name__ == "forward"
     compiled = _sample()
