@@ -22,6 +22,7 @@ import math
 import torch
 from torch import Tensor
 
+from entrogym import onednn
 from entrogym.dtypes import bf16_round
 
 # p_target > 1 - 2^-23  <=>  logp_target > log1p(-2^-23): in fp32, 1 - p rounds to 0 there (the
@@ -69,6 +70,24 @@ def target_gradient_coefficient(logp: Tensor, p_target: Tensor, softmax_fix: boo
     return (-torch.expm1(logp.double())).to(p_target.dtype)
 
 
+def _logits(hidden: Tensor, weight: Tensor) -> Tensor:
+    """``hidden @ weight.T``: one chunk's logits [rows, V], by oneDNN's kernel on CPU
+    (:mod:`entrogym.onednn`: 2x MKL's sgemm there, docs/results.md). Called inside the
+    autograd Functions below, which compute their own gradients."""
+    if hidden.dtype == weight.dtype and onednn.supported(hidden.device, hidden.dtype):
+        return onednn.linear(hidden, weight)
+    return hidden @ weight.T
+
+
+def _times_weight(weight: Tensor):
+    """``gz -> gz @ weight`` for the chunks of one backward: by oneDNN on CPU, over the head's
+    transpose, copied once per backward rather than once per chunk."""
+    if onednn.supported(weight.device, weight.dtype):
+        transposed = weight.t().contiguous()
+        return lambda gz: onednn.linear(gz, transposed) if gz.dtype == weight.dtype else gz @ weight
+    return lambda gz: gz @ weight
+
+
 def _chunk_logp(z: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
     """Log-prob of the targets and logsumexp of one chunk of fp32 logits.
 
@@ -93,7 +112,7 @@ def _chunked_logp_lse(hidden: Tensor, weight: Tensor, targets: Tensor, rows: int
     lse = hidden.new_empty(hidden.shape[0])
     for s in range(0, hidden.shape[0], rows):
         logp[s : s + rows], lse[s : s + rows] = _chunk_logp(
-            hidden[s : s + rows] @ weight.T, targets[s : s + rows]
+            _logits(hidden[s : s + rows], weight), targets[s : s + rows]
         )
     return logp, lse
 
@@ -113,15 +132,16 @@ class _ChunkedLogprob(torch.autograd.Function):
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h = torch.zeros_like(hidden) if need_h else None
         grad_w = torch.zeros_like(weight) if need_w else None
+        times_weight = _times_weight(weight) if need_h else None
         for s in range(0, hidden.shape[0], ctx.rows):
             sl = slice(s, s + ctx.rows)
             t, g = targets[sl, None], grad[sl]
-            p = (hidden[sl] @ weight.T).sub_(lse[sl, None]).exp_()
+            p = _logits(hidden[sl], weight).sub_(lse[sl, None]).exp_()
             coef = target_gradient_coefficient(logp[sl], p.gather(1, t).squeeze(1), ctx.softmax_fix)
             gz = p.mul_(-g[:, None])
             gz.scatter_(1, t, (g * coef)[:, None])
             if need_h:
-                grad_h[sl] = gz @ weight
+                grad_h[sl] = times_weight(gz)
             if need_w:
                 grad_w.addmm_(gz.T, hidden[sl])
         return grad_h, grad_w, None, None, None
@@ -159,7 +179,7 @@ class _ChunkedEntropy(torch.autograd.Function):
         out = hidden.new_empty(hidden.shape[0])
         lse = hidden.new_empty(hidden.shape[0])
         for s in range(0, hidden.shape[0], rows):
-            z = hidden[s : s + rows] @ weight.T
+            z = _logits(hidden[s : s + rows], weight)
             m = z.amax(-1, keepdim=True)
             z.sub_(m)
             e = z.exp()
@@ -177,13 +197,14 @@ class _ChunkedEntropy(torch.autograd.Function):
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h = torch.zeros_like(hidden) if need_h else None
         grad_w = torch.zeros_like(weight) if need_w else None
+        times_weight = _times_weight(weight) if need_h else None
         for s in range(0, hidden.shape[0], ctx.rows):
             sl = slice(s, s + ctx.rows)
-            logp = (hidden[sl] @ weight.T).sub_(lse[sl, None])
+            logp = _logits(hidden[sl], weight).sub_(lse[sl, None])
             # dH/dz_j = -p_j (log p_j + H)
             gz = torch.exp(logp).mul_(logp.add_(ent[sl, None])).mul_(-grad[sl, None])
             if need_h:
-                grad_h[sl] = gz @ weight
+                grad_h[sl] = times_weight(gz)
             if need_w:
                 grad_w.addmm_(gz.T, hidden[sl])
         return grad_h, grad_w, None

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from entrogym import onednn
 from entrogym.atomic import swap_in_folder
 from entrogym.models import LORA_TARGETS, resolve_model
 from entrogym.train.devices.precision import check_device_dtype, resolve_dtype
@@ -133,16 +134,21 @@ def load_policy(
     """The policy to train: base model + a new LoRA adapter, or a saved one (``adapter``).
 
     ``use_lora=False`` trains all parameters of the base model instead. ``head_dtype``: see
-    :func:`load_base_model`.
+    :func:`load_base_model`. The frozen base layers compute by oneDNN on CPU
+    (:func:`entrogym.onednn.use_for_frozen_linears`).
     """
     base = load_base_model(
         model, dtype=dtype, device=device, cache_dir=cache_dir, head_dtype=head_dtype
     )
     if adapter is not None:
-        return load_adapter(base, adapter, trainable=True)
-    if not use_lora:
+        policy = load_adapter(base, adapter, trainable=True)
+    elif not use_lora:
         return base
-    return apply_lora(base, lora, seed=seed)
+    else:
+        policy = apply_lora(base, lora, seed=seed)
+    # the frozen base layers by oneDNN's kernel on CPU (MKL's sgemm can run at half of it)
+    onednn.use_for_frozen_linears(policy)
+    return policy
 
 
 def save_adapter(
