@@ -39,6 +39,29 @@ def test_the_draw_is_the_index_an_exact_scan_gives():
     assert got.tolist() == [_scan(r, u) for r, u in zip(rows, uniforms, strict=True)]
 
 
+def test_rows_of_many_blocks_draw_the_index_an_exact_scan_gives():
+    """Rows wider than a block (and not a whole number of blocks), with whole blocks of zero
+    mass: the two-level search gives what one exact scan of the row gives."""
+    from fractions import Fraction
+    from itertools import accumulate
+
+    width = 3 * static_decode.CDF_BLOCK + 77
+    gen = torch.Generator().manual_seed(2)
+    probs = torch.rand(16, width, generator=gen) ** 6
+    probs[:, : static_decode.CDF_BLOCK] = 0.0  # the first block has no mass
+    probs[::3, 2 * static_decode.CDF_BLOCK : 3 * static_decode.CDF_BLOCK] = 0.0
+    torch.manual_seed(3)
+    got = inverse_cdf_draw(probs)
+    torch.manual_seed(3)
+    uniforms = torch.rand(16, 1, dtype=torch.float64)[:, 0].tolist()
+    for row, u, index in zip(probs.double().tolist(), uniforms, got.tolist(), strict=True):
+        exact = [Fraction(x) for x in row]
+        target = Fraction(u) * sum(exact)
+        # the smallest i whose exact cumulative mass exceeds the target
+        want = next(i for i, mass in enumerate(accumulate(exact)) if mass > target)
+        assert index == want and row[index] > 0
+
+
 def test_the_frequencies_match_the_probabilities():
     p = torch.tensor([0.5, 0.25, 0.0, 0.125, 0.0625, 0.0625, 0.0])
     n = 200_000

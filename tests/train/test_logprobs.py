@@ -17,6 +17,7 @@ from entrogym.train.learner.logprobs import (
     sequence_logprobs_and_entropy,
     token_entropy,
     token_logprobs,
+    token_logprobs_and_entropy,
 )
 from entrogym.train.learner.policy import apply_lora, load_base_model
 
@@ -134,6 +135,36 @@ def test_entropy_values_and_grads_match_fp64():
     assert ent.shape == (2, 9) and (ent.double() - ref).abs().max() <= TOL
     assert torch.allclose(gh.double(), ref_h, atol=1e-4, rtol=1e-4)
     assert torch.allclose(gw.double(), ref_w, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("chunk", [1, 5, None], ids=["chunk1", "chunk5", "whole"])
+def test_fused_logprobs_and_entropy_match_fp64_and_the_separate_kernels(chunk):
+    """One pass over the vocabulary gives both: values bitwise those of the separate kernels,
+    values and gradients (through both outputs at once) those of fp64 autograd."""
+    gen = torch.Generator().manual_seed(3)
+    hidden = torch.randn(23, 16, generator=gen, dtype=torch.float64) * 1.5
+    weight = torch.randn(400, 16, generator=gen, dtype=torch.float64)
+    targets = torch.randint(0, 400, (23,), generator=gen)
+    up_logp, up_ent = (torch.randn(23, generator=gen, dtype=torch.float64) for _ in range(2))
+    h64, w64 = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    logp_all = torch.log_softmax(h64 @ w64.T, -1)
+    ref_logp = logp_all.gather(1, targets[:, None])[:, 0]
+    ref_ent = -(logp_all.exp() * logp_all).sum(-1)
+    loss = (ref_logp * up_logp).sum() + (ref_ent * up_ent).sum()
+    ref_h, ref_w = torch.autograd.grad(loss, (h64, w64))
+
+    h, w = hidden.float().requires_grad_(), weight.float().requires_grad_()
+    logp, ent = token_logprobs_and_entropy(h, w, targets, impl="chunked", chunk_size=chunk)
+    loss = (logp * up_logp.float()).sum() + (ent * up_ent.float()).sum()
+    gh, gw = torch.autograd.grad(loss, (h, w))
+    assert (logp.double() - ref_logp).abs().max() <= TOL
+    assert (ent.double() - ref_ent).abs().max() <= TOL
+    assert torch.allclose(gh.double(), ref_h, atol=1e-4, rtol=1e-4)
+    assert torch.allclose(gw.double(), ref_w, atol=1e-4, rtol=1e-4)
+    with torch.no_grad():
+        hf, wf = hidden.float(), weight.float()
+        assert torch.equal(logp, token_logprobs(hf, wf, targets, impl="chunked", chunk_size=chunk))
+        assert torch.equal(ent, token_entropy(hf, wf, chunk_size=chunk))
 
 
 def test_sequence_entropy_matches_full_logits(lora_tiny):

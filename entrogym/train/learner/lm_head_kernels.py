@@ -18,6 +18,7 @@ in fp32, so the log-probs are fp32 even when the model computes in bf16/fp16, an
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -95,15 +96,33 @@ def _chunk_logp(z: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
     tiny values like -1e-9 that z_t - lse would round to 0.
     """
     m = z.amax(-1, keepdim=True)
-    zt = z.gather(1, targets[:, None])
+    zt = z.gather(1, targets[:, None]).squeeze(1)
     e = z.sub_(m).exp_()  # in place: one [rows, V] buffer per chunk
     total = e.sum(-1)
+    m = m.squeeze(1)
+    return _target_logp(e, zt, m, targets), m + torch.log(total)
+
+
+def _target_logp(e: Tensor, zt: Tensor, m: Tensor, targets: Tensor) -> Tensor:
+    """The targets' log-probs from one chunk's ``e = exp(z - m)`` (``e`` is overwritten), the
+    target logits ``zt`` and the row maxima ``m`` (:func:`_chunk_logp`'s formula)."""
     e.scatter_(1, targets[:, None], 0.0)
     others = e.sum(-1)
-    zt, m = zt.squeeze(1), m.squeeze(1)
     general = (zt - m) - torch.log(torch.exp(zt - m) + others)
-    logp = torch.where(zt >= m, -torch.log1p(others), general)
-    return logp, m + torch.log(total)
+    return torch.where(zt >= m, -torch.log1p(others), general)
+
+
+def _logp_logit_grad(p: Tensor, targets: Tensor, grad: Tensor, coef: Tensor) -> Tensor:
+    """d(grad . logp_target)/dz of one chunk, in ``p``'s buffer: -grad p_j, and grad (1 - p_t)
+    at the target, with 1 - p_t from :func:`target_gradient_coefficient`."""
+    gz = p.mul_(-grad[:, None])
+    return gz.scatter_(1, targets[:, None], (grad * coef)[:, None])
+
+
+def _entropy_logit_grad(logp: Tensor, entropy: Tensor, grad: Tensor) -> Tensor:
+    """d(grad . H)/dz of one chunk, in ``logp``'s buffer (all of its log-probs):
+    dH/dz_j = -p_j (log p_j + H)."""
+    return torch.exp(logp).mul_(logp.add_(entropy[:, None])).mul_(-grad[:, None])
 
 
 def _chunked_logp_lse(hidden: Tensor, weight: Tensor, targets: Tensor, rows: int):
@@ -115,6 +134,26 @@ def _chunked_logp_lse(hidden: Tensor, weight: Tensor, targets: Tensor, rows: int
             _logits(hidden[s : s + rows], weight), targets[s : s + rows]
         )
     return logp, lse
+
+
+def _head_backward(
+    ctx, hidden: Tensor, weight: Tensor, logit_grad: Callable[[slice], Tensor]
+) -> tuple[Tensor | None, Tensor | None]:
+    """The hidden states' and the weight's gradients of a chunked head kernel, where
+    ``logit_grad(rows)`` gives one chunk's gradient for its logits (each chunk's logits are
+    recomputed there, never all held at once)."""
+    need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    grad_h = torch.zeros_like(hidden) if need_h else None
+    grad_w = torch.zeros_like(weight) if need_w else None
+    times_weight = _times_weight(weight) if need_h else None
+    for s in range(0, hidden.shape[0], ctx.rows):
+        sl = slice(s, s + ctx.rows)
+        gz = logit_grad(sl)
+        if need_h:
+            grad_h[sl] = times_weight(gz)
+        if need_w:
+            grad_w.addmm_(gz.T, hidden[sl])
+    return grad_h, grad_w
 
 
 class _ChunkedLogprob(torch.autograd.Function):
@@ -129,22 +168,14 @@ class _ChunkedLogprob(torch.autograd.Function):
     def backward(ctx, grad):
         # each chunk's logits recomputed from the saved lse; also _CceForwardLogprob's backward
         hidden, weight, targets, lse, logp = ctx.saved_tensors
-        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        grad_h = torch.zeros_like(hidden) if need_h else None
-        grad_w = torch.zeros_like(weight) if need_w else None
-        times_weight = _times_weight(weight) if need_h else None
-        for s in range(0, hidden.shape[0], ctx.rows):
-            sl = slice(s, s + ctx.rows)
-            t, g = targets[sl, None], grad[sl]
+
+        def logit_grad(sl: slice) -> Tensor:
             p = _logits(hidden[sl], weight).sub_(lse[sl, None]).exp_()
-            coef = target_gradient_coefficient(logp[sl], p.gather(1, t).squeeze(1), ctx.softmax_fix)
-            gz = p.mul_(-g[:, None])
-            gz.scatter_(1, t, (g * coef)[:, None])
-            if need_h:
-                grad_h[sl] = times_weight(gz)
-            if need_w:
-                grad_w.addmm_(gz.T, hidden[sl])
-        return grad_h, grad_w, None, None, None
+            p_target = p.gather(1, targets[sl, None]).squeeze(1)
+            coef = target_gradient_coefficient(logp[sl], p_target, ctx.softmax_fix)
+            return _logp_logit_grad(p, targets[sl], grad[sl], coef)
+
+        return (*_head_backward(ctx, hidden, weight, logit_grad), None, None, None)
 
 
 class _CceForwardLogprob(_ChunkedLogprob):
@@ -194,20 +225,54 @@ class _ChunkedEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         hidden, weight, lse, ent = ctx.saved_tensors
-        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        grad_h = torch.zeros_like(hidden) if need_h else None
-        grad_w = torch.zeros_like(weight) if need_w else None
-        times_weight = _times_weight(weight) if need_h else None
-        for s in range(0, hidden.shape[0], ctx.rows):
-            sl = slice(s, s + ctx.rows)
+
+        def logit_grad(sl: slice) -> Tensor:
             logp = _logits(hidden[sl], weight).sub_(lse[sl, None])
-            # dH/dz_j = -p_j (log p_j + H)
-            gz = torch.exp(logp).mul_(logp.add_(ent[sl, None])).mul_(-grad[sl, None])
-            if need_h:
-                grad_h[sl] = times_weight(gz)
-            if need_w:
-                grad_w.addmm_(gz.T, hidden[sl])
-        return grad_h, grad_w, None
+            return _entropy_logit_grad(logp, ent[sl], grad[sl])
+
+        return (*_head_backward(ctx, hidden, weight, logit_grad), None)
+
+
+class _ChunkedLogprobEntropy(torch.autograd.Function):
+    """:class:`_ChunkedLogprob` and :class:`_ChunkedEntropy` in one pass over the vocabulary:
+    each chunk's logits are computed once in forward and once in backward, not twice each.
+    The forward's values are bitwise those of the two Functions (the same operations in the
+    same order); the backward sums the two logit gradients before the one product with the
+    weight, so it agrees with theirs to rounding."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, rows: int, softmax_fix: bool):
+        n = hidden.shape[0]
+        logp, ent, lse = (hidden.new_empty(n) for _ in range(3))
+        for s in range(0, n, rows):
+            sl = slice(s, s + rows)
+            z = _logits(hidden[sl], weight)
+            m = z.amax(-1, keepdim=True)
+            zt = z.gather(1, targets[sl, None]).squeeze(1)
+            shifted = z.sub_(m)
+            e = shifted.exp()
+            total = e.sum(-1)
+            m = m.squeeze(1)
+            lse[sl] = m + torch.log(total)
+            ent[sl] = torch.log(total) - shifted.mul_(e).sum(-1) / total  # _ChunkedEntropy's H
+            logp[sl] = _target_logp(e, zt, m, targets[sl])
+        ctx.save_for_backward(hidden, weight, targets, lse, logp, ent)
+        ctx.rows, ctx.softmax_fix = rows, softmax_fix
+        return torch.stack([logp, ent], -1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        hidden, weight, targets, lse, logp, ent = ctx.saved_tensors
+
+        def logit_grad(sl: slice) -> Tensor:
+            log_p = _logits(hidden[sl], weight).sub_(lse[sl, None])
+            p = log_p.exp()
+            p_target = p.gather(1, targets[sl, None]).squeeze(1)
+            coef = target_gradient_coefficient(logp[sl], p_target, ctx.softmax_fix)
+            gz = _entropy_logit_grad(log_p, ent[sl], grad[sl, 1])
+            return gz.add_(_logp_logit_grad(p, targets[sl], grad[sl, 0], coef))
+
+        return (*_head_backward(ctx, hidden, weight, logit_grad), None, None, None)
 
 
 def _resolve_impl(impl: str, device: torch.device) -> str:
@@ -223,6 +288,23 @@ def _resolve_impl(impl: str, device: torch.device) -> str:
 def round_to_bf16(logp: Tensor) -> Tensor:
     """Emulate log-probs stored in bf16 (the bias of Thm 3), straight-through in backward."""
     return logp + (bf16_round(logp) - logp).detach()
+
+
+def _head_inputs(
+    hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The checked fp32 rows ``hidden / temperature`` [N, D], weight [V, D] and targets [N]."""
+    if hidden.shape[:-1] != targets.shape:
+        raise ValueError(f"targets shape {tuple(targets.shape)} must equal hidden.shape[:-1]")
+    if hidden.shape[-1] != weight.shape[-1]:
+        raise ValueError(f"hidden size {hidden.shape[-1]} != weight's {weight.shape[-1]}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    _check_targets(targets, weight.shape[0])
+    h = hidden.reshape(-1, hidden.shape[-1]).float()
+    if temperature != 1.0:
+        h = h / temperature
+    return h, weight.float(), targets.reshape(-1).long()
 
 
 def token_logprobs(
@@ -241,18 +323,8 @@ def token_logprobs(
     hidden ``[..., D]`` (any float dtype; cast to fp32), weight ``[V, D]``, targets ``[...]``.
     Differentiable with respect to hidden and weight.
     """
-    if hidden.shape[:-1] != targets.shape:
-        raise ValueError(f"targets shape {tuple(targets.shape)} must equal hidden.shape[:-1]")
-    if hidden.shape[-1] != weight.shape[-1]:
-        raise ValueError(f"hidden size {hidden.shape[-1]} != weight's {weight.shape[-1]}")
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    _check_targets(targets, weight.shape[0])
     impl = _resolve_impl(impl, hidden.device)
-    h = hidden.reshape(-1, hidden.shape[-1]).float()
-    if temperature != 1.0:
-        h = h / temperature
-    w, t = weight.float(), targets.reshape(-1).long()
+    h, w, t = _head_inputs(hidden, weight, targets, temperature)
     rows = _chunk_rows(w.shape[0], chunk_size)
     if impl == "chunked":
         logp = _ChunkedLogprob.apply(h, w, t, rows, softmax_fix)
@@ -271,6 +343,37 @@ def token_logprobs(
     if bf16_round_logprobs:
         logp = round_to_bf16(logp)
     return logp.reshape(targets.shape)
+
+
+def token_logprobs_and_entropy(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    *,
+    impl: str = "auto",
+    chunk_size: int | None = None,
+    softmax_fix: bool = True,
+    bf16_round_logprobs: bool = False,
+    temperature: float = 1.0,
+) -> tuple[Tensor, Tensor]:
+    """:func:`token_logprobs` and :func:`token_entropy` of the same positions. With the
+    chunked kernel (the CPU's) one pass over the vocabulary gives both
+    (:class:`_ChunkedLogprobEntropy`); other kernels compute them one after the other."""
+    if _resolve_impl(impl, hidden.device) != "chunked":
+        opts = {
+            "impl": impl,
+            "softmax_fix": softmax_fix,
+            "bf16_round_logprobs": bf16_round_logprobs,
+        }
+        logp = token_logprobs(hidden, weight, targets, chunk_size=chunk_size,
+                              temperature=temperature, **opts)  # fmt: skip
+        return logp, token_entropy(hidden, weight, chunk_size=chunk_size, temperature=temperature)
+    h, w, t = _head_inputs(hidden, weight, targets, temperature)
+    both = _ChunkedLogprobEntropy.apply(h, w, t, _chunk_rows(w.shape[0], chunk_size), softmax_fix)
+    logp, ent = both[:, 0], both[:, 1]
+    if bf16_round_logprobs:
+        logp = round_to_bf16(logp)
+    return logp.reshape(targets.shape), ent.reshape(targets.shape)
 
 
 def token_entropy(

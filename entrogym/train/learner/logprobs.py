@@ -35,6 +35,7 @@ from entrogym.train.learner.lm_head_kernels import (  # noqa: F401  (re-exported
     target_gradient_coefficient,
     token_entropy,
     token_logprobs,
+    token_logprobs_and_entropy,
 )
 
 LAYOUTS = ("padded", "trimmed", "packed")
@@ -218,12 +219,9 @@ def sequence_logprobs_and_entropy(
 ) -> tuple[Tensor, Tensor]:
     """One forward pass: the log-probs of :func:`sequence_logprobs` and, at the same
     positions, the exact entropy of the distribution each token was drawn from."""
-    entropy_opts = {k: opts[k] for k in ("chunk_size", "temperature") if k in opts}
 
     def both(h: Tensor, w: Tensor, t: Tensor) -> Tensor:
-        return torch.stack(
-            [token_logprobs(h, w, t, **opts), token_entropy(h, w, **entropy_opts)], -1
-        )
+        return torch.stack(token_logprobs_and_entropy(h, w, t, **opts), -1)
 
     out = _score_sequences(model, input_ids, attention_mask, both, score_mask, layout)
     return out[..., 0], out[..., 1]
