@@ -1,13 +1,13 @@
 """oneDNN's linear kernel on CPU: ``x @ weight.T`` without MKL's sgemm.
 
 On CPU, torch's fp32 matmul calls MKL's sgemm, which can run far below what the machine does.
-At the shapes entrogym computes, on an AMD EPYC with 2 threads (docs/results.md), oneDNN's
-kernel ran:
+At the shapes entrogym computes, on an AMD EPYC with 2 threads (``benchmarks/onednn_kernels.py``,
+docs/results.md), oneDNN's kernel ran:
 
-- a decode step's projections (24 rows of SmolLM2) at 274 GFLOP/s against 95-106 for sgemm in
-  any layout, with the weights packed once, and at 462 against 233-282 in bf16;
-- the learner's (2,328 rows) at 432-474 GFLOP/s against 208-217, with the weight as it is,
-  and its gradient for the input at 409-449 against 201-221.
+- a decode step's projections (24 rows of SmolLM2) at 292 GFLOP/s against 88-110 for sgemm in
+  any layout, with the weights packed once, and at 498 against 252-301 in bf16;
+- the learner's (2,328 rows) at 420-461 GFLOP/s against 214-218, with the weight as it is,
+  and its gradient for the input at 386-411 against 215-219.
 
 The weight stays [out, in], as ``nn.Linear`` holds it. :func:`pack` reorders it once into
 oneDNN's blocked layout (what inductor's freezing pass does for a CPU linear), so that a step
