@@ -1,7 +1,8 @@
 """The generation roofline: what one decode step of a batch costs in FLOPs and in bytes read,
 this machine's matmul rate and read bandwidth, and the tokens/s bounds they give. Used by
-``decode_throughput.py`` and ``iteration.py`` (``generation_roofline_fraction``). Imports only
-torch, so both the entrogym venv and ``.venv-bench`` can use it.
+``decode_throughput.py`` and ``iteration.py`` (``generation_roofline_fraction``). Imports torch
+and ``entrogym.onednn`` (torch and ``entrogym.dtypes``), so both the entrogym venv and
+``.venv-bench``, which installs entrogym without extras, can use it.
 
 Per decode step of B rows (P matmul weights in the body and the LM head, L layers, query width
 Q, KV width W, C keys attended per row)::
@@ -80,20 +81,17 @@ def best_seconds(fn: Callable[[], object], reps: int) -> float:
 
 
 def onednn_kernel(a: torch.Tensor, b: torch.Tensor) -> Callable[[], object] | None:
-    """``a @ b`` by oneDNN's linear kernel over ``b`` packed once (what the ``hf`` engine's
-    static decoder runs on CPU, ``entrogym.agents.engines.static_decode.Projection``); None
-    where this torch has no oneDNN, off the CPU, or in a dtype it does not pack. MKL's
-    sgemm, which ``a @ b`` calls on CPU, can be far from what the machine does: 121 against
-    394 GFLOP/s in fp32 at [24, 576] x [576, 1536] on an AMD EPYC (docs/results.md), so a
-    ceiling is the best of both."""
-    import torch
+    """``a @ b`` by oneDNN's linear kernel over ``b`` packed once (``entrogym.onednn``, what the
+    ``hf`` engine's static decoder runs on CPU); None where ``entrogym.onednn.supported`` says
+    it does not run. MKL's sgemm, which ``a @ b`` calls on CPU, can be far from what the
+    machine does: 121 against 394 GFLOP/s in fp32 at [24, 576] x [576, 1536] on an AMD EPYC
+    (docs/results.md), so a ceiling is the best of both."""
+    from entrogym import onednn
 
-    if a.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+    if not onednn.supported(a.device, a.dtype):
         return None
-    if a.dtype not in (torch.float32, torch.bfloat16):
-        return None
-    packed = torch.ops.mkldnn._reorder_linear_weight(b.t().contiguous(), None)
-    return lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], "")
+    packed = onednn.pack(b.t())
+    return lambda: onednn.linear(a, packed)
 
 
 def matmul_rate(dtype: torch.dtype, rows: int, hidden: int, inner: int) -> float:

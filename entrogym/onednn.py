@@ -20,15 +20,16 @@ from __future__ import annotations
 
 import torch
 
+from entrogym.dtypes import cpu_has_native
+
 
 def supported(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether :func:`linear` runs for tensors on ``device`` in ``dtype``: a CPU, a torch built
-    with oneDNN, fp32 or bf16."""
-    return (
-        device.type == "cpu"
-        and dtype in (torch.float32, torch.bfloat16)
-        and torch.backends.mkldnn.is_available()
-    )
+    with oneDNN, fp32, or bf16 where the CPU computes it natively (``cpu_has_native``: elsewhere
+    oneDNN emulates it, or has no bf16 kernel at all)."""
+    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and cpu_has_native("bf16"))
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:

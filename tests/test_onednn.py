@@ -12,10 +12,15 @@ CPU = torch.device("cpu")
 DTYPES = {"fp32": (torch.float32, 1e-5), "bf16": (torch.bfloat16, 2e-2)}
 
 
-def test_supported_where_onednn_runs():
+def test_supported_where_onednn_runs(monkeypatch):
     assert not onednn.supported(CPU, torch.float16)
     assert not onednn.supported(torch.device("cuda"), torch.float32)
     assert onednn.supported(CPU, torch.float32) == torch.backends.mkldnn.is_available()
+    # bf16 only where the CPU computes it natively, whatever this machine's CPU is
+    monkeypatch.setattr(onednn, "cpu_has_native", lambda dtype: False)
+    assert not onednn.supported(CPU, torch.bfloat16)
+    monkeypatch.setattr(onednn, "cpu_has_native", lambda dtype: dtype == "bf16")
+    assert onednn.supported(CPU, torch.bfloat16) == torch.backends.mkldnn.is_available()
 
 
 @pytest.mark.parametrize("name", DTYPES)

@@ -146,8 +146,9 @@ class Projection:
     that no step repacks it. At 24 rows of SmolLM2, streaming 30 layers' weights as a step
     does, oneDNN ran the step's matmuls at 292 GFLOP/s in fp32 against 88-110 for MKL's sgemm
     in any layout, and at 498 GFLOP/s in bf16 against 252-301 (2 threads, an AMD EPYC;
-    ``benchmarks/onednn_kernels.py``, docs/results.md). The packed copy is the weight's size. Otherwise (a GPU, or a torch
-    without oneDNN): stored :func:`input_major`."""
+    ``benchmarks/onednn_kernels.py``, docs/results.md). The packed copy is the weight's size.
+    Otherwise (a GPU, a torch without oneDNN, or bf16 on a CPU without native bf16): stored
+    :func:`input_major`."""
 
     def __init__(self, weight: torch.Tensor, packed: bool) -> None:
         self.packed = packed

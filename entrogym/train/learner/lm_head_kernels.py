@@ -75,7 +75,7 @@ def _logits(hidden: Tensor, weight: Tensor) -> Tensor:
     """``hidden @ weight.T``: one chunk's logits [rows, V], by oneDNN's kernel on CPU
     (:mod:`entrogym.onednn`: 2x MKL's sgemm there, docs/results.md). Called inside the
     autograd Functions below, which compute their own gradients."""
-    if hidden.dtype == weight.dtype and onednn.supported(hidden.device, hidden.dtype):
+    if onednn.supported(hidden.device, hidden.dtype):
         return onednn.linear(hidden, weight)
     return hidden @ weight.T
 
@@ -85,7 +85,7 @@ def _times_weight(weight: Tensor):
     transpose, copied once per backward rather than once per chunk."""
     if onednn.supported(weight.device, weight.dtype):
         transposed = weight.t().contiguous()
-        return lambda gz: onednn.linear(gz, transposed) if gz.dtype == weight.dtype else gz @ weight
+        return lambda gz: onednn.linear(gz, transposed)
     return lambda gz: gz @ weight
 
 
