@@ -417,3 +417,38 @@ def test_cce_kernel_on_cuda_agrees_and_keeps_the_softmax_fix():
     grad_h, grad_w = torch.autograd.grad(logp.sum(), (h, w))
     assert torch.allclose(grad_w[7].double(), ref_w[7], rtol=1e-4, atol=0)
     assert torch.allclose(grad_h.double(), ref_h, rtol=1e-4, atol=1e-12)
+
+
+def test_frozen_heads_transpose_is_made_once_and_again_when_the_head_changes():
+    """The backward's head transpose is kept for a frozen head and made anew after the head is
+    written to; the gradient stays the float64 one either way."""
+    from entrogym.train.learner import lm_head_kernels
+
+    gen = torch.Generator().manual_seed(4)
+    weight = torch.randn(300, 16, generator=gen)  # frozen: requires_grad False
+    hidden = torch.randn(11, 16, generator=gen, dtype=torch.float64)
+    targets = torch.randint(0, 300, (11,), generator=gen)
+
+    def grad_and_copy() -> tuple[torch.Tensor, object]:
+        h = hidden.float().requires_grad_()
+        token_logprobs(h, weight, targets).sum().backward()
+        cached = lm_head_kernels._transposed_head
+        return h.grad, None if cached is None else cached[2]
+
+    def reference() -> torch.Tensor:
+        h = hidden.clone().requires_grad_()
+        torch.log_softmax(h @ weight.double().T, -1).gather(1, targets[:, None]).sum().backward()
+        return h.grad
+
+    first, copy1 = grad_and_copy()
+    second, copy2 = grad_and_copy()
+    if onednn.supported(torch.device("cpu"), torch.float32):  # the transposing path
+        assert copy1 is not None and copy2 is copy1
+    torch.testing.assert_close(first, second)
+    torch.testing.assert_close(first.double(), reference(), rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        weight.mul_(-0.5)  # a new head: its version moves, the old transpose is stale
+    third, copy3 = grad_and_copy()
+    if onednn.supported(torch.device("cpu"), torch.float32):
+        assert copy3 is not copy1 and torch.equal(copy3, weight.t())
+    torch.testing.assert_close(third.double(), reference(), rtol=1e-5, atol=1e-5)

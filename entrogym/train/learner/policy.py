@@ -135,7 +135,8 @@ def load_policy(
 
     ``use_lora=False`` trains all parameters of the base model instead. ``head_dtype``: see
     :func:`load_base_model`. The frozen base layers compute by oneDNN on CPU
-    (:func:`entrogym.onednn.use_for_frozen_linears`).
+    (:func:`entrogym.onednn.use_for_frozen_linears`), and each LoRA layer as one function
+    (:func:`entrogym.train.learner.lora_kernel.use_fused_lora`).
     """
     base = load_base_model(
         model, dtype=dtype, device=device, cache_dir=cache_dir, head_dtype=head_dtype
@@ -148,6 +149,11 @@ def load_policy(
         policy = apply_lora(base, lora, seed=seed)
     # the frozen base layers by oneDNN's kernel on CPU (MKL's sgemm can run at half of it)
     onednn.use_for_frozen_linears(policy)
+    # and each adapted layer's base product and LoRA term in one function, not peft's 5 ops
+    # (imported here: the module subclasses peft's layer, and peft takes seconds to import)
+    from entrogym.train.learner.lora_kernel import use_fused_lora
+
+    use_fused_lora(policy)
     return policy
 
 
