@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from entrogym.agents.engines import DECODE_PATHS
+from entrogym.agents.engines.adapter_slots import load_into_slot
 from entrogym.agents.engines.base import Completion, Engine, SamplingParams, engine_dtype
 from entrogym.agents.engines.shared_weights import model_on_tensors
 from entrogym.agents.engines.static_decode import (
@@ -194,6 +195,12 @@ class HFEngine(Engine):
             return self._model
         key = adapter_key(adapter)
         name = self._adapters.pop(key, None)
+        if name is None and len(self._adapters) >= self.max_loras:
+            # the version about to be evicted lends its layers, when its config is the same
+            oldest = next(iter(self._adapters))
+            if load_into_slot(self._model, adapter, self._adapters[oldest], self.device):
+                name = self._adapters.pop(oldest)
+                self._decoders.pop(oldest, None)
         if name is None:
             self._loaded += 1
             name = f"adapter-{self._loaded}"
