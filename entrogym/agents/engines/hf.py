@@ -118,7 +118,6 @@ class HFEngine(Engine):
         # static decoders by adapter key (None = the base), the most recently used last
         self._decoders: dict[tuple[str, int] | None, StaticDecoder] = {}
         self._loaded = 0  # adapters loaded so far: names must never repeat
-        self._seeded_depth = 0  # open ``seeded`` scopes
         self._start()
 
     def _start(self) -> None:
@@ -165,17 +164,13 @@ class HFEngine(Engine):
     @contextlib.contextmanager
     def seeded(self, seed: int) -> Iterator[None]:
         """Sampling from torch's generator seeded with ``seed``; the global one is restored
-        after, so a trainer's own random stream is not moved by an evaluation. Inside the
-        scope, loading an adapter draws nothing from that stream (peft initialises new LoRA
-        layers at random before it loads their weights), so the samples do not depend on
-        which adapters the engine already held."""
+        after, so a trainer's own random stream is not moved by an evaluation. Loading an
+        adapter draws nothing from torch's streams, inside the scope or not (peft initialises
+        new LoRA layers at random before it loads their weights), so the samples do not depend
+        on which adapters the engine already held."""
         with self._own_stream():
             torch.manual_seed(seed)
-            self._seeded_depth += 1
-            try:
-                yield
-            finally:
-                self._seeded_depth -= 1
+            yield
 
     def _own_stream(self) -> contextlib.AbstractContextManager[None]:
         """A scope that restores torch's global generators (CPU, and this engine's GPU) after."""
@@ -204,8 +199,10 @@ class HFEngine(Engine):
         if name is None:
             self._loaded += 1
             name = f"adapter-{self._loaded}"
-            isolated = self._own_stream() if self._seeded_depth else contextlib.nullcontext()
-            with isolated:
+            # peft draws the new layers' initial values from torch's global stream before it
+            # copies the saved ones in: isolated, so that what a run samples does not depend on
+            # whether a version was loaded anew or into an evicted version's layers
+            with self._own_stream():
                 if isinstance(self._model, PeftModel):
                     self._model.load_adapter(adapter, adapter_name=name)
                 else:
