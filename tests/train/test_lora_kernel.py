@@ -104,7 +104,7 @@ def test_policy_computes_what_peft_computes():
         torch.testing.assert_close(got_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
-@pytest.mark.parametrize("case", ["dropout", "merged", "disabled", "frozen-adapter-base"])
+@pytest.mark.parametrize("case", ["dropout", "merged", "disabled", "base-not-onednn"])
 def test_other_cases_go_to_peft(case, monkeypatch):
     _needs(torch.float32)
     peft_model, fused = _tiny_policies()
@@ -121,11 +121,11 @@ def test_other_cases_go_to_peft(case, monkeypatch):
             for m in model.modules():
                 if isinstance(m, PeftLoraLinear):
                     m.merge()
-    elif case == "frozen-adapter-base":
+    elif case == "base-not-onednn":
         layer.base_layer.__class__ = torch.nn.Linear  # not oneDNN's: peft's path
     monkeypatch.setattr(lora_kernel._LoraLinearFunction, "apply",
                         lambda *a: pytest.fail("the fused path ran"))  # fmt: skip
-    if case == "frozen-adapter-base":
+    if case == "base-not-onednn":
         x = torch.randn(4, layer.in_features)
         torch.testing.assert_close(layer(x), PeftLoraLinear.forward(layer, x))
         return
