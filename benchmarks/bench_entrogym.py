@@ -23,7 +23,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 import torch  # noqa: E402
 from bench_common import ModelShape, Workload, matmul_ceiling  # noqa: E402
 
-from entrogym.train.config import THREAD_SPLITS  # noqa: E402
+from entrogym.train.config import OLD_LOGPROBS, THREAD_SPLITS  # noqa: E402
 
 # --scoring: the TrainConfig options it stands for (fast is the trainer's default).
 SCORING = {
@@ -41,6 +41,7 @@ def train_config(
     max_staleness: int = 0,
     trim_heap: bool = True,
     thread_split: str = "elastic",
+    old_logprobs: str = "learner",
 ) -> Any:
     """The demo's GRPO TrainConfig with the workload's shapes and the benchmark's options."""
     from demo_workload import demo_config
@@ -72,6 +73,7 @@ def train_config(
         max_staleness=max_staleness,
         trim_heap=trim_heap,
         thread_split=thread_split,
+        old_logprobs=old_logprobs,
         **SCORING[scoring],
     )
 
@@ -114,6 +116,7 @@ def run(
     max_staleness: int = 0,
     trim_heap: bool = True,
     thread_split: str = "elastic",
+    old_logprobs: str = "learner",
 ) -> dict:
     from entrogym.train.folder.metrics import read_metrics
     from entrogym.train.trainer import Trainer
@@ -122,8 +125,9 @@ def run(
     torch.manual_seed(work.seed)
     with tempfile.TemporaryDirectory(prefix="entrogym-bench-") as tmp:
         cfg = train_config(
-            work, engine, scoring, Path(tmp), env_workers, max_staleness, trim_heap, thread_split
-        )
+            work, engine, scoring, Path(tmp), env_workers, max_staleness, trim_heap, thread_split,
+            old_logprobs,
+        )  # fmt: skip
         sampler_engine = device_engine(cfg, work.device)
         trainer = Trainer(cfg, engine=sampler_engine)
         # equal work: every turn runs to the token budget (a sampler setting, no training option)
@@ -216,11 +220,12 @@ def main() -> None:
     p.add_argument("--max-staleness", type=int, default=0)
     p.add_argument("--no-trim-heap", dest="trim_heap", action="store_false")
     p.add_argument("--thread-split", choices=THREAD_SPLITS, default="elastic")
+    p.add_argument("--old-logprobs", choices=OLD_LOGPROBS, default="learner")
     args = p.parse_args()
     work = Workload.load(args.workload)
     result = run(
         work, args.engine, args.scoring, args.env_workers, args.max_staleness, args.trim_heap,
-        args.thread_split,
+        args.thread_split, args.old_logprobs,
     )  # fmt: skip
     args.result.write_text(json.dumps(result))
 

@@ -44,7 +44,7 @@ from pathlib import Path
 from bench_common import DEMO, PeakRss, Workload
 from bench_report import build_report, table, timed_index
 
-from entrogym.train.config import THREAD_SPLITS
+from entrogym.train.config import OLD_LOGPROBS, THREAD_SPLITS
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
@@ -175,6 +175,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="--thread-split of entrogym's async run (elastic: every core to the update while "
         "the rollout thread waits for a version)",
     )
+    p.add_argument(
+        "--old-logprobs",
+        choices=OLD_LOGPROBS,
+        default="learner",
+        help="TrainConfig.old_logprobs of both entrogym runs (sampler: the engine's fp32 "
+        "log-probs as the ratio's denominator, no scoring pass)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--env-workers",
@@ -212,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         ours += ["--engine", args.engine, "--scoring", args.scoring]
         ours += [] if args.env_workers is None else ["--env-workers", str(args.env_workers)]
         ours += [] if args.trim_heap else ["--no-trim-heap"]
+        ours += ["--old-logprobs", args.old_logprobs]
         commands = {"entrogym": [*ours, "--max-staleness", "0"]}
         if args.async_staleness:
             commands["entrogym_async"] = [

@@ -302,9 +302,10 @@ def policy_update(
     """Run ``control.config``'s epochs x minibatches on one iteration's experience.
 
     Every minibatch starts from zero gradients and a skipped one leaves none behind. Old
-    log-probs must be the trainer's fp32 scores of the sampled tokens under the policy that
-    generated them (never the engine's); ``None`` lets the update score them (module doc) and
-    leaves them in ``batch.old_logprobs``. ``version``: the weight version being trained; rows
+    log-probs are the sampling policy's log-probs of the sampled tokens: the trainer's fp32
+    scores under the policy that generated them (the engine's own only where the caller trusts
+    them, as the trainer's ``old_logprobs sampler`` does); ``None`` lets the update score them
+    (module doc) and leaves them in ``batch.old_logprobs``. ``version``: the weight version being trained; rows
     whose ``batch.versions`` are older make the batch stale (module doc). The entropy fed to
     the control is that of the policy being trained: ``sampled_entropy(old_logprobs, mask)``
     on a fresh batch, ``importance_weighted_entropy`` on a stale one (``entropy_sampler`` in

@@ -40,6 +40,9 @@ MAX_SEED = 2**32 - 1  # numpy's seed range; every seed the run derives stays wit
 # (entrogym.train.sampler.threads).
 ThreadSplitName = Literal["even", "cost", "elastic"]
 THREAD_SPLITS: tuple[str, ...] = get_args(ThreadSplitName)
+# Where the importance ratio's denominator comes from (``TrainConfig.old_logprobs``).
+OldLogprobsName = Literal["learner", "sampler"]
+OLD_LOGPROBS: tuple[str, ...] = get_args(OldLogprobsName)
 
 
 @dataclass
@@ -94,6 +97,17 @@ class TrainConfig(AgentConfig):
         trim_heap: give freed heap memory back to the operating system after the rollouts
             and after each backward (glibc's ``malloc_trim``; :mod:`entrogym.train.heap`): a
             lower peak resident memory for the cost of faulting those pages in again.
+        old_logprobs: where the importance ratio's denominator, the sampling policy's
+            log-prob of each sampled token, comes from. ``learner`` (the paper's): the
+            trainer's own fp32 scores, from the update's first scoring pass and a no-grad pass
+            over the other rows, or, for a stale batch (``max_staleness``), a pass over every
+            row under the weight version that sampled it. ``sampler``: the engine's log-probs
+            of the tokens it drew, with no scoring pass (other trainers' option not to
+            recompute them, e.g. Tunix's, google/tunix#1487). Needs the ``hf`` engine in fp32,
+            whose log-probs match the trainer's to ~1e-5 nats (docs/results.md); the
+            ``sampler_mismatch`` metrics are then not measured, and ``algo.is_correction``,
+            which would weigh every token by 1, is refused. A batch with a non-finite sampler
+            log-prob is scored by the learner.
         score_layout: how a micro-batch is laid out for the scoring forward pass: ``trimmed``
             (cut to its own longest row; exact), ``padded`` (the batch's width), or ``packed``
             (one padding-free row with per-sequence position ids; within ~1e-5 in fp32).
@@ -153,6 +167,7 @@ class TrainConfig(AgentConfig):
     thread_split: ThreadSplitName = "elastic"
     trim_heap: bool = True
     sampler_entropy_check: bool = False
+    old_logprobs: OldLogprobsName = "learner"
     score_layout: Literal["padded", "trimmed", "packed"] = "trimmed"
     action_only_head: bool = True
     lora_rank: int = 16
@@ -237,6 +252,26 @@ class TrainConfig(AgentConfig):
                 f"(got {self.max_staleness}) or choose another lever"
             )
 
+    def _check_old_logprobs(self) -> None:
+        if self.old_logprobs not in OLD_LOGPROBS:
+            raise ValueError(
+                f"old_logprobs must be 'learner' or 'sampler', got {self.old_logprobs!r}"
+            )
+        if self.old_logprobs != "sampler":
+            return
+        if (self.engine, self.engine_dtype) != ("hf", "fp32"):
+            raise ValueError(
+                f"old_logprobs sampler takes the engine's log-probs as the ratio's denominator, "
+                f"measured exact only from the hf engine in fp32 (engine {self.engine!r}, "
+                f"engine_dtype {self.engine_dtype!r}); pass --engine hf --engine-dtype fp32 or "
+                "--old-logprobs learner"
+            )
+        if self.algo.is_correction is not None:
+            raise ValueError(
+                f"algo.is_correction {self.algo.is_correction!r} weighs learner against sampler "
+                "log-probs, which old_logprobs sampler makes equal; drop one of them"
+            )
+
     def env_limits(self) -> EnvLimits:
         """How the run's envs are isolated (``env_workers``, ``env_timeout``, memory)."""
         return EnvLimits(self.env_workers, self.env_timeout, self.env_max_memory_mb)
@@ -274,6 +309,7 @@ class TrainConfig(AgentConfig):
             raise ValueError(
                 f"max_env_error_fraction must be in [0, 1], got {self.max_env_error_fraction}"
             )
+        self._check_old_logprobs()
         if self.thread_split not in THREAD_SPLITS:
             raise ValueError(
                 f"thread_split must be 'even', 'cost' or 'elastic', got {self.thread_split!r}"

@@ -42,7 +42,11 @@ from entrogym.train.folder.metrics import summary_line
 from entrogym.train.folder.safety import NothingToDo, RunFileError
 from entrogym.train.folder.state import TrainState
 from entrogym.train.heap import HeapTrim
-from entrogym.train.learner.mismatch import sampler_mismatch
+from entrogym.train.learner.mismatch import (
+    UNMEASURED_MISMATCH,
+    sampler_mismatch,
+    sampler_scores_usable,
+)
 from entrogym.train.learner.update import Learner
 from entrogym.train.phases import PhaseClock, PhaseHook
 from entrogym.train.progress import progress
@@ -205,20 +209,22 @@ class Trainer:
             self.sampler.release_engine_caches()  # sample a new version: its memory is free
 
         # 2. The preset's update: advantages, entropy control, clipped loss, steps. The old
-        #    log-probs are rescored here in fp32 (never the engine's): by the update itself,
-        #    which reuses the on-policy first minibatch's scoring pass, or, for a stale batch,
-        #    under the weights of the version that sampled it.
+        #    log-probs are rescored here in fp32 (the engine's only with ``old_logprobs
+        #    sampler``): by the update itself, which reuses the on-policy first minibatch's
+        #    scoring pass, or, for a stale batch, under the weights of the version that sampled it.
         entropy_check = self.learner.entropy_check(batch)
         t0 = time.perf_counter()
         observe_probe_states(self.control, self.learner, self.state.probe_states)
         batch.compute_advantages(self.algo.advantage)
-        if bool((staleness > 0).any()):  # the ratio's denominator: the policy that sampled
-            versions = self.sampler.versions
-            batch.old_logprobs = self.learner.sampling_version_logprobs(batch, it, versions)
+        from_sampler = self._old_logprobs(batch, it, staleness)
         metrics = self.learner.update(self.control, batch, it)
         grad_norm = metrics.pop("grad_norm")
         update_s = time.perf_counter() - t0
-        mismatch = sampler_mismatch(batch.old_logprobs, batch.sampler_logprobs, batch.mask)
+        mismatch = (
+            UNMEASURED_MISMATCH
+            if from_sampler
+            else sampler_mismatch(batch.old_logprobs, batch.sampler_logprobs, batch.mask)
+        )
         self.state.bad_steps += metrics["skipped_steps"]
         self.state.cumulative_entropy += metrics["entropy"]
         n_groups = batch.n_groups
@@ -248,6 +254,20 @@ class Trainer:
             "grad_norm": grad_norm,
             "learner_ranks": self.ranks.world,
         }
+
+    def _old_logprobs(self, batch: UpdateBatch, it: int, staleness: torch.Tensor) -> bool:
+        """Give ``batch`` the ratio's denominator where the update would not score it itself:
+        the engine's own log-probs (``old_logprobs sampler``, where they are finite), or, for a
+        stale batch, the learner's under the versions that sampled it. True: the engine's."""
+        if self.cfg.old_logprobs == "sampler" and sampler_scores_usable(
+            batch.sampler_logprobs, batch.mask
+        ):
+            batch.old_logprobs = batch.sampler_logprobs.clone()
+            return True
+        if bool((staleness > 0).any()):
+            versions = self.sampler.versions
+            batch.old_logprobs = self.learner.sampling_version_logprobs(batch, it, versions)
+        return False
 
     def _stop_requested(self) -> bool:
         """Whether a signal asked the run to stop (rank 0 decides for a torchrun group)."""

@@ -55,6 +55,17 @@ BAD = [
         "the engine holds; raise --max-loras or lower --max-staleness",
     ),
     (
+        ["--old-logprobs", "sampler", "--engine-dtype", "fp16"],
+        "old_logprobs sampler takes the engine's log-probs as the ratio's denominator, measured "
+        "exact only from the hf engine in fp32 (engine 'hf', engine_dtype 'fp16'); pass "
+        "--engine hf --engine-dtype fp32 or --old-logprobs learner",
+    ),
+    (
+        ["--old-logprobs", "sampler", "--algo.is-correction", "token_truncate"],
+        "algo.is_correction 'token_truncate' weighs learner against sampler log-probs, which "
+        "old_logprobs sampler makes equal; drop one of them",
+    ),
+    (
         ["--algo", "grpo", "--algo.loss.eps-low", "-1"],
         "algo.loss.eps_low must be in [0, 1) (the ratio's lower bound 1 - eps_low must stay "
         "positive) or None, got -1.0",

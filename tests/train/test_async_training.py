@@ -185,6 +185,54 @@ def test_stale_ratios_are_pi_new_over_the_sampling_policy(tmp_path, monkeypatch)
     assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
 
 
+def test_old_logprobs_sampler_takes_the_engines_scores_without_a_scoring_pass(
+    tmp_path, monkeypatch
+):
+    """``--old-logprobs sampler``: iteration 1 of a K = 1 run trains on version 0's batch with
+    the engine's log-probs as the ratio's denominator, and the learner never rescores it. Those
+    log-probs are version 0's, scored here independently (plain transformers forward, peft
+    adapter from the run folder), within fp32 tolerance: the premise of the option."""
+    import entrogym.algos.update as update
+
+    losses, scored = [], []
+    real_loss, real_score = update.micro_batch_loss, Learner.score
+
+    def loss_spy(control, rows, logprobs, *args, **kwargs):
+        losses.append((rows.old_logprobs.clone(), rows.sampler_logprobs.clone(), rows.mask))
+        return real_loss(control, rows, logprobs, *args, **kwargs)
+
+    def score_spy(self, batch, index, need_entropy):
+        scored.append((batch, index.clone(), torch.is_grad_enabled()))
+        return real_score(self, batch, index, need_entropy)
+
+    def no_rescoring(*args, **kwargs):
+        raise AssertionError("old_logprobs sampler rescored a stale batch")
+
+    monkeypatch.setattr(update, "micro_batch_loss", loss_spy)
+    monkeypatch.setattr(Learner, "score", score_spy)
+    monkeypatch.setattr(Learner, "sampling_version_logprobs", no_rescoring)
+    algo = dataclasses.replace(get_algorithm("grpo"), minibatch_size=3)  # tracks no entropy
+    cfg = TrainConfig(**{**RUN, "algo": algo}, iterations=2, max_staleness=1,
+                      old_logprobs="sampler", out=str(tmp_path))  # fmt: skip
+    rows = read_metrics(train(cfg))
+    assert [r["staleness_max"] for r in rows] == [0, 1]
+    assert all(r["sampler_mismatch"] is None for r in rows)  # nothing compared: none reported
+    assert all(torch.equal(old, sampler) for old, sampler, _ in losses)
+    assert all(grad for *_, grad in scored)  # no scoring pass without gradients, either batch
+    # iteration 1's first micro-batch: version 0's samples, trained with version 1's weights
+    old, _, mask = losses[len(losses) // 2]
+    batch, index, _ = scored[len(scored) // 2]
+    assert batch.versions.tolist() == [0] * len(batch)
+    ids, attention = batch.tokens(index)
+    base = load_base_model(resolve_model("tiny-random-llama"))
+    want = _logprobs(base, tmp_path / "adapters/v000000", ids, attention)
+    width = old.shape[1]
+    on = mask[:, 1:width].bool()
+    assert bool(on.any())
+    got, want = old[:, 1:width][on], want[:, : width - 1][on]
+    assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
+
+
 def test_async_run_killed_mid_pipeline_resumes_exactly(tmp_path, monkeypatch):
     """Killed while the rollout thread is ahead of the update: the batches it had collected
     are collected again on resume, by the same versions (kept in the checkpoint), so the

@@ -104,6 +104,19 @@ def test_async_worker_runs_rollouts_beside_the_update_at_full_length(tmp_path):
     assert first["generated_tokens"] == second["generated_tokens"] == 2 * 2 * budget
 
 
+def test_old_logprobs_sampler_reaches_both_runs_and_drops_the_scoring_pass(tmp_path):
+    args = iteration.parse_args(["--model", "tiny-random-llama", "--old-logprobs", "sampler"])
+    assert args.old_logprobs == "sampler"
+    work = _workload(tmp_path, "--threads", "1")
+    cfg = bench_entrogym.train_config(work, "hf", "fast", tmp_path, old_logprobs="sampler")
+    assert cfg.old_logprobs == "sampler"
+    out = bench_entrogym.run(work, "hf", "fast", old_logprobs="sampler")
+    (it,) = out["iterations"]
+    # two minibatches: the learner scored the second one's rows without gradients before
+    assert it["phases_s"].get("scoring", 0.0) == 0.0 and it["phases_s"]["forward"] > 0
+    assert it["sampler_mismatch"] is None  # nothing compared
+
+
 def _worker_result(seconds, gen, learn, load=1.0, phases=True):
     it = {"seconds": seconds, "generated_tokens": gen, "learner_tokens": learn}
     if phases:

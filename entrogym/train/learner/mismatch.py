@@ -81,6 +81,25 @@ def sampler_mismatch(
     }
 
 
+# The mismatch row of a batch whose old log-probs are the engine's own (``TrainConfig.
+# old_logprobs`` sampler): nothing is compared, so nothing is reported as if measured.
+UNMEASURED_MISMATCH: dict[str, float | int | None] = {
+    "mean_abs_diff": None,
+    "max_abs_diff": None,
+    "mean_diff": None,
+    "frac_ratio_outside": None,
+    "num_tokens": 0,
+    "sampler_nonfinite": 0,
+    "trainer_nonfinite": 0,
+}
+
+
+def sampler_scores_usable(sampler_logprobs: Tensor, mask: Tensor) -> bool:
+    """Whether the engine's log-probs can stand in for the trainer's as old log-probs: finite
+    at every action token of ``mask`` (a non-finite one would make its ratio NaN)."""
+    return bool(torch.isfinite(sampler_logprobs[mask.bool()]).all())
+
+
 def sampler_entropy_gap(
     logprobs: Tensor, entropies: Tensor, mask: Tensor
 ) -> dict[str, float | int | None]:
