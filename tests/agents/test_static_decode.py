@@ -14,7 +14,7 @@ from lora_policy import randomise_lora_b
 
 from entrogym import onednn
 from entrogym.agents.engines import SamplingParams, make_engine
-from entrogym.agents.engines.static_decode import StaticDecoder
+from entrogym.agents.engines.static_decode import StaticDecoder, sdpa_step, step_attention
 from entrogym.models import resolve_model
 from entrogym.train.learner.policy import LoraSettings, load_policy, save_adapter
 
@@ -236,3 +236,39 @@ def test_onednn_packing_samples_what_the_plain_copy_samples(adapters, dtype):
     assert torch.equal(out[True][0], out[False][0])
     tolerance = 1e-4 if dtype == torch.float32 else 5e-2  # bf16 rounds each product's sum
     torch.testing.assert_close(out[True][1], out[False][1], rtol=0, atol=tolerance)
+
+
+def test_step_attention_is_masked_softmax_attention():
+    """The decode step's fp32 attention against the formula in fp64, one row and query at a
+    time, and against ``scaled_dot_product_attention``; masked keys get no weight."""
+    gen = torch.Generator().manual_seed(0)
+    b, groups, rows, keys, d = 3, 2, 3, 7, 8
+    q = torch.randn(b, groups, rows, d, generator=gen)
+    k = torch.randn(b, groups, keys, d, generator=gen)
+    v = torch.randn(b, groups, keys, d, generator=gen)
+    mask = torch.ones(b, 1, 1, keys, dtype=torch.bool)
+    mask[0, ..., :4] = False  # a left-padded row
+    mask[2, ..., 5] = False
+    want = torch.empty(b, groups, rows, d, dtype=torch.float64)
+    for i in range(b):
+        seen = mask[i, 0, 0]
+        for g in range(groups):
+            for r in range(rows):
+                w = (k[i, g].double() @ q[i, g, r].double()) / d**0.5
+                w = torch.where(seen, w, -torch.inf).softmax(-1)
+                assert float(w[~seen].abs().sum()) == 0.0
+                want[i, g, r] = w @ v[i, g].double()
+    got = step_attention(q, k, v, mask)
+    torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got, sdpa_step(q, k, v, mask), rtol=1e-5, atol=1e-6)
+    # a masked key's value changes nothing
+    v2 = v.clone()
+    v2[0, :, 1] += 100.0
+    torch.testing.assert_close(step_attention(q, k, v2, mask), got, rtol=0, atol=0)
+
+
+def test_the_decoder_takes_step_attention_in_fp32_on_cpu_only():
+    policy = load_policy(resolve_model("tiny-random-llama"), lora=LoraSettings())
+    assert StaticDecoder(policy, policy.active_adapter).step_attention is step_attention
+    bf16 = load_policy(resolve_model("tiny-random-llama"), lora=LoraSettings()).to(torch.bfloat16)
+    assert StaticDecoder(bf16, bf16.active_adapter).step_attention is sdpa_step
