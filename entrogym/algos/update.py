@@ -305,11 +305,11 @@ def policy_update(
     log-probs are the sampling policy's log-probs of the sampled tokens: the trainer's fp32
     scores under the policy that generated them (the engine's own only where the caller trusts
     them, as the trainer's ``old_logprobs sampler`` does); ``None`` lets the update score them
-    (module doc) and leaves them in ``batch.old_logprobs``. ``version``: the weight version being trained; rows
-    whose ``batch.versions`` are older make the batch stale (module doc). The entropy fed to
-    the control is that of the policy being trained: ``sampled_entropy(old_logprobs, mask)``
-    on a fresh batch, ``importance_weighted_entropy`` on a stale one (``entropy_sampler`` in
-    the metrics is the sampling policy's). A controller tracking the exact entropy is fed
+    (module doc) and leaves them in ``batch.old_logprobs``. ``version``: the weight version
+    being trained; rows whose ``batch.versions`` are older make the batch stale (module doc).
+    The entropy fed to the control is that of the policy being trained:
+    ``sampled_entropy(old_logprobs, mask)`` on a fresh batch, ``importance_weighted_entropy``
+    on a stale one (``entropy_sampler`` in the metrics is the sampling policy's). A controller tracking the exact entropy is fed
     ``entropy_exact``, the same policy's mean exact token entropy at the same tokens, instead
     (``entropy_tracked`` in the metrics). ``on_step`` is called after every minibatch's
     optimizer step, taken or skipped (``optimizer_steps`` of them: a progress bar's count).
