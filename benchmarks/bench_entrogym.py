@@ -32,17 +32,21 @@ SCORING = {
 }
 
 
-def train_config(
-    work: Workload,
-    engine: str,
-    scoring: str,
-    out: Path,
-    env_workers: int | None = None,
-    max_staleness: int = 0,
-    trim_heap: bool = True,
-    thread_split: str = "elastic",
-    old_logprobs: str = "learner",
-) -> Any:
+@dataclasses.dataclass(frozen=True)
+class BenchOptions:
+    """The benchmark's options for entrogym's side (its command line, as data); each maps onto
+    the TrainConfig option of the same name, except ``scoring`` (:data:`SCORING`)."""
+
+    engine: str = "hf"
+    scoring: str = "fast"
+    env_workers: int | None = None  # None: the trainer's
+    max_staleness: int = 0
+    trim_heap: bool = True
+    thread_split: str = "elastic"
+    old_logprobs: str = "learner"
+
+
+def train_config(work: Workload, opts: BenchOptions, out: Path) -> Any:
     """The demo's GRPO TrainConfig with the workload's shapes and the benchmark's options."""
     from demo_workload import demo_config
 
@@ -51,7 +55,7 @@ def train_config(
     s = work.settings
     # the engine goes through demo_config, which keeps the decode path the hf engine's only
     cfg = demo_config(get_algorithm("grpo"), out, work.iterations, s["lr"], eval_tasks=0,
-                      engine=engine)  # fmt: skip
+                      engine=opts.engine)  # fmt: skip
     # replace() re-runs TrainConfig's validation on the new values
     return dataclasses.replace(
         cfg,
@@ -69,12 +73,12 @@ def train_config(
         eval_env=None,
         eval_every=0,
         checkpoint_every=10**9,
-        env_workers=cfg.env_workers if env_workers is None else env_workers,
-        max_staleness=max_staleness,
-        trim_heap=trim_heap,
-        thread_split=thread_split,
-        old_logprobs=old_logprobs,
-        **SCORING[scoring],
+        env_workers=cfg.env_workers if opts.env_workers is None else opts.env_workers,
+        max_staleness=opts.max_staleness,
+        trim_heap=opts.trim_heap,
+        thread_split=opts.thread_split,
+        old_logprobs=opts.old_logprobs,
+        **SCORING[opts.scoring],
     )
 
 
@@ -108,26 +112,14 @@ class LearnerCounts:
             self.current["learner_flops"] += self.shape.backward_flops(lengths, heads)
 
 
-def run(
-    work: Workload,
-    engine: str,
-    scoring: str,
-    env_workers: int | None = None,
-    max_staleness: int = 0,
-    trim_heap: bool = True,
-    thread_split: str = "elastic",
-    old_logprobs: str = "learner",
-) -> dict:
+def run(work: Workload, opts: BenchOptions) -> dict:
     from entrogym.train.folder.metrics import read_metrics
     from entrogym.train.trainer import Trainer
 
     t_spawn = float(os.environ.get("BENCH_SPAWN_TIME", time.time()))
     torch.manual_seed(work.seed)
     with tempfile.TemporaryDirectory(prefix="entrogym-bench-") as tmp:
-        cfg = train_config(
-            work, engine, scoring, Path(tmp), env_workers, max_staleness, trim_heap, thread_split,
-            old_logprobs,
-        )  # fmt: skip
+        cfg = train_config(work, opts, Path(tmp))
         sampler_engine = device_engine(cfg, work.device)
         trainer = Trainer(cfg, engine=sampler_engine)
         # equal work: every turn runs to the token budget (a sampler setting, no training option)
@@ -223,10 +215,9 @@ def main() -> None:
     p.add_argument("--old-logprobs", choices=OLD_LOGPROBS, default="learner")
     args = p.parse_args()
     work = Workload.load(args.workload)
-    result = run(
-        work, args.engine, args.scoring, args.env_workers, args.max_staleness, args.trim_heap,
-        args.thread_split, args.old_logprobs,
-    )  # fmt: skip
+    options = vars(args)
+    del options["workload"], options["result"]
+    result = run(work, BenchOptions(**options))
     args.result.write_text(json.dumps(result))
 
 

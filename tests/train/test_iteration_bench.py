@@ -60,20 +60,22 @@ def _workload(tmp_path, *extra: str) -> bench_common.Workload:
 )
 def test_options_reach_the_train_config(tmp_path, scoring, layout, action_only):
     work = _workload(tmp_path, "--dtype", "bf16", "--threads", "1")
-    cfg = bench_entrogym.train_config(work, "hf", scoring, tmp_path)
+    cfg = bench_entrogym.train_config(work, bench_entrogym.BenchOptions(scoring=scoring), tmp_path)
     assert (cfg.score_layout, cfg.action_only_head) == (layout, action_only)
     assert (cfg.dtype, cfg.threads, cfg.engine) == ("bf16", 1, "hf")
     assert (cfg.tasks_per_iter, cfg.samples, cfg.micro_batch_size) == (2, 2, 2)
     algo = cfg.algo
     assert (algo.name, algo.epochs, algo.minibatch_size) == ("grpo", 1, 2)
     assert cfg.max_staleness == 0
-    cfg = bench_entrogym.train_config(work, "hf", scoring, tmp_path, max_staleness=1)
+    cfg = bench_entrogym.train_config(
+        work, bench_entrogym.BenchOptions(scoring=scoring, max_staleness=1), tmp_path
+    )
     assert cfg.max_staleness == 1
 
 
 def test_worker_runs_the_trainers_fit_and_reports_its_phases(tmp_path):
     work = _workload(tmp_path, "--threads", "1")
-    out = bench_entrogym.run(work, "hf", "fast")
+    out = bench_entrogym.run(work, bench_entrogym.BenchOptions())
     (it,) = out["iterations"]
     phases = it["phases_s"]
     for key in ("generation", "env", "forward", "backward", "optimizer", "publish"):
@@ -92,7 +94,9 @@ def test_worker_runs_the_trainers_fit_and_reports_its_phases(tmp_path):
 def test_async_worker_runs_rollouts_beside_the_update_at_full_length(tmp_path):
     args = ["--model", "tiny-random-llama", "--tasks", "2", "--samples", "2", "--iterations", "2"]
     work = iteration.build_workload(iteration.parse_args(args))
-    out = bench_entrogym.run(work, "hf", "fast", max_staleness=1, thread_split="elastic")
+    out = bench_entrogym.run(
+        work, bench_entrogym.BenchOptions(max_staleness=1, thread_split="elastic")
+    )
     first, second = out["iterations"]
     assert not first["beside"] and second["beside"]  # iteration 1 trains on version 0's batch
     assert "wait" in second["phases_s"] and "wait" not in first["phases_s"]
@@ -108,9 +112,11 @@ def test_old_logprobs_sampler_reaches_both_runs_and_drops_the_scoring_pass(tmp_p
     args = iteration.parse_args(["--model", "tiny-random-llama", "--old-logprobs", "sampler"])
     assert args.old_logprobs == "sampler"
     work = _workload(tmp_path, "--threads", "1")
-    cfg = bench_entrogym.train_config(work, "hf", "fast", tmp_path, old_logprobs="sampler")
+    cfg = bench_entrogym.train_config(
+        work, bench_entrogym.BenchOptions(old_logprobs="sampler"), tmp_path
+    )
     assert cfg.old_logprobs == "sampler"
-    out = bench_entrogym.run(work, "hf", "fast", old_logprobs="sampler")
+    out = bench_entrogym.run(work, bench_entrogym.BenchOptions(old_logprobs="sampler"))
     (it,) = out["iterations"]
     # two minibatches: the learner scored the second one's rows without gradients before
     assert it["phases_s"].get("scoring", 0.0) == 0.0 and it["phases_s"]["forward"] > 0
