@@ -202,23 +202,29 @@ def _ceilings(work: Workload) -> dict:
     }
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> tuple[Path, Path, BenchOptions]:
+    """The worker's command line: its workload file, its result file and its options (each
+    option's default is :class:`BenchOptions`')."""
+    default = BenchOptions()
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("workload", type=Path)
     p.add_argument("result", type=Path)
-    p.add_argument("--engine", default="hf")
-    p.add_argument("--scoring", choices=tuple(SCORING), default="fast")
-    p.add_argument("--env-workers", type=int, default=None, help="default: the trainer's")
-    p.add_argument("--max-staleness", type=int, default=0)
+    p.add_argument("--engine", default=default.engine)
+    p.add_argument("--scoring", choices=tuple(SCORING), default=default.scoring)
+    p.add_argument("--env-workers", type=int, default=default.env_workers,
+                   help="default: the trainer's")  # fmt: skip
+    p.add_argument("--max-staleness", type=int, default=default.max_staleness)
     p.add_argument("--no-trim-heap", dest="trim_heap", action="store_false")
-    p.add_argument("--thread-split", choices=THREAD_SPLITS, default="elastic")
-    p.add_argument("--old-logprobs", choices=OLD_LOGPROBS, default="learner")
-    args = p.parse_args()
-    work = Workload.load(args.workload)
-    options = vars(args)
-    del options["workload"], options["result"]
-    result = run(work, BenchOptions(**options))
-    args.result.write_text(json.dumps(result))
+    p.add_argument("--thread-split", choices=THREAD_SPLITS, default=default.thread_split)
+    p.add_argument("--old-logprobs", choices=OLD_LOGPROBS, default=default.old_logprobs)
+    args = p.parse_args(argv)
+    fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(BenchOptions)}
+    return args.workload, args.result, BenchOptions(**fields)
+
+
+def main() -> None:
+    workload, result_file, opts = parse_args()
+    result_file.write_text(json.dumps(run(Workload.load(workload), opts)))
 
 
 if __name__ == "__main__":

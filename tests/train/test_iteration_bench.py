@@ -73,6 +73,20 @@ def test_options_reach_the_train_config(tmp_path, scoring, layout, action_only):
     assert cfg.max_staleness == 1
 
 
+def test_worker_command_line_maps_onto_bench_options():
+    """iteration.py passes options to the worker by command line; each lands on its field, and
+    an option left out keeps BenchOptions' default."""
+    work, result, opts = bench_entrogym.parse_args(["w.json", "r.json"])
+    assert (str(work), str(result), opts) == ("w.json", "r.json", bench_entrogym.BenchOptions())
+    argv = ["w.json", "r.json", "--scoring", "exact", "--env-workers", "3", "--max-staleness",
+            "1", "--no-trim-heap", "--thread-split", "even", "--old-logprobs", "sampler"]  # fmt: skip
+    _, _, opts = bench_entrogym.parse_args(argv)
+    assert opts == bench_entrogym.BenchOptions(
+        scoring="exact", env_workers=3, max_staleness=1, trim_heap=False, thread_split="even",
+        old_logprobs="sampler",
+    )  # fmt: skip
+
+
 def test_worker_runs_the_trainers_fit_and_reports_its_phases(tmp_path):
     work = _workload(tmp_path, "--threads", "1")
     out = bench_entrogym.run(work, bench_entrogym.BenchOptions())
