@@ -10,7 +10,7 @@ from typing import Literal
 
 TargetUnit = Literal["ratio", "nats"]
 StepEvery = Literal["iteration", "optimizer"]
-Estimator = Literal["exact", "sampled", "probe"]
+Estimator = Literal["exact", "sampled", "probe", "relative"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,14 @@ class ControllerParams:
             before every iteration's update. A batch's mean moves with which prompts were
             drawn (8-10 % for a fixed SmolLM2 policy at 4 tasks x 4); on fixed states only
             the policy's change moves it. Needs ``target_probe`` >= 1 and ``step iteration``.
+            ``relative``: the exact entropy of the policy being trained on the iteration's own
+            batch over the base model's (the adapter switched off) on the same tokens
+            (``entrogym.algos.entropy.relative_entropy``), measured before the update: a ratio,
+            1 where the policy is as uncertain as the base model on the states it now visits.
+            The prompts drawn move both terms together, so it spreads less than ``exact``, and
+            it is measured on the states the lever pushes, which ``probe``'s fixed states stop
+            being once the policy moves away from them. Its target is ``target`` times the
+            first iteration's ratio (1.0 for a fresh adapter). Needs ``step iteration``.
         init: the coefficient's start value (unset: the lever's).
         min: the coefficient's lower bound, or for the paper controller the smallest magnitude
             before its sign flips (unset: the lever's; pi: -max for a lever that may go negative).
@@ -104,9 +112,15 @@ class ControllerParams:
             raise ValueError(
                 f"algo.controller.step must be iteration or optimizer, got {self.step!r}"
             )
-        if self.estimator not in ("exact", "sampled", "probe"):
+        if self.estimator not in ("exact", "sampled", "probe", "relative"):
             raise ValueError(
-                f"algo.controller.estimator must be exact, sampled or probe, got {self.estimator!r}"
+                "algo.controller.estimator must be exact, sampled, probe or relative, "
+                f"got {self.estimator!r}"
+            )
+        if self.estimator == "relative" and self.step != "iteration":
+            raise ValueError(
+                "algo.controller.estimator relative is measured once per iteration, before the "
+                "update; set algo.controller.step iteration"
             )
         if self.estimator == "probe" and (not self.target_probe or self.step != "iteration"):
             fix = "target_probe 1 or more" if not self.target_probe else "step iteration"

@@ -111,6 +111,33 @@ def exact_batch_entropy(token_entropies: torch.Tensor, mask: torch.Tensor) -> fl
     return float((token_entropies * mask).sum() / n)
 
 
+def relative_entropy(
+    token_entropies: torch.Tensor, reference_entropies: torch.Tensor, mask: torch.Tensor
+) -> float:
+    """The policy's exact entropy on a batch's action tokens over a reference policy's exact
+    entropy on the same tokens: sum_t H(pi(.|s_t)) / sum_t H(pi_ref(.|s_t)) (a ratio estimator
+    with the reference as its auxiliary variable, Cochran, "Sampling Techniques", 3rd ed., 1977,
+    ch. 6).
+
+    Both sums run over the same sampled states, so the prompts and paths a batch happened to
+    draw move numerator and denominator together and most of a batch's spread cancels; 1.0
+    means the policy is as uncertain as the reference where it now goes. The controllers'
+    ``estimator relative`` tracks it with the base model (the adapter switched off) as the
+    reference. ``token_entropies`` and ``reference_entropies`` are ``[B, T]`` as
+    :func:`exact_batch_entropy` takes them.
+    """
+    reference = as_float_tensor("reference_entropies", reference_entropies).detach()
+    if reference.shape != mask.shape:
+        raise ValueError(f"reference_entropies must have the shape of mask {tuple(mask.shape)}")
+    denominator = exact_batch_entropy(reference, mask)
+    if not denominator > 0:
+        raise ValueError(
+            "the reference policy is deterministic on every masked token (entropy 0); a ratio "
+            "to it is undefined: track estimator exact instead"
+        )
+    return exact_batch_entropy(token_entropies, mask) / denominator
+
+
 def importance_weighted_entropy(
     logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor
 ) -> float:

@@ -3,7 +3,8 @@
 ``EntropyControl`` is what ``policy_update`` consults: the lever's coefficient as the controller
 has set it, the clip range, whether the scorer must compute exact entropies, which estimate of
 a batch's entropy the controller tracks (``controller.estimator``: ``batch_entropy``, or with
-``probe`` the fixed probe states' entropy the trainer hands over: ``observe_states``), and where
+``probe`` the fixed probe states' entropy and with ``relative`` the batch's entropy over the
+base model's, each handed over by the trainer: ``observe_states``), and where
 the controller is fed: ``observe`` once per iteration (the paper's step) and ``observe_step``
 after every optimizer step (TRL's). The target is set by the first entropy the controller sees
 (a ratio of it, averaged with the initial policy's probe batches when ``controller.target_probe``
@@ -62,6 +63,19 @@ class EntropyControl:
         return self.feedback is not None and self.feedback.estimator == "probe"
 
     @property
+    def tracks_relative(self) -> bool:
+        """The controller tracks the batch's exact entropy relative to the base model's on the
+        same tokens (``controller.estimator: relative``): the trainer measures it before every
+        update and hands it to ``observe_states``."""
+        return self.feedback is not None and self.feedback.estimator == "relative"
+
+    @property
+    def tracks_handed(self) -> bool:
+        """The update does not estimate what the controller tracks: the caller hands it over
+        (``observe_states``) before the update (``probe`` or ``relative``)."""
+        return self.tracks_probe_states or self.tracks_relative
+
+    @property
     def loss_needs_entropy(self) -> bool:
         """Every loss pass needs exact per-token entropies: for the lever, the mask, or a
         controller fed after every optimizer step (it reads the minibatch's)."""
@@ -77,8 +91,9 @@ class EntropyControl:
 
     @property
     def measures_exact(self) -> bool:
-        """``batch_entropy`` reads exact entropies (``exact`` or ``probe``): score with them."""
-        return self.tracks_exact or self.tracks_probe_states
+        """``batch_entropy`` reads exact entropies (``exact``, ``probe`` or ``relative``): score
+        with them."""
+        return self.tracks_exact or self.tracks_handed
 
     def batch_entropy(
         self, logprobs: torch.Tensor, entropies: torch.Tensor | None, mask: torch.Tensor
@@ -124,9 +139,11 @@ class EntropyControl:
         self.probe = list(entropies)
 
     def observe_states(self, entropy: float) -> None:
-        """``controller.estimator: probe``: the policy being trained's entropy on the probe
+        """What the iteration's update then tracks, measured by the caller before it:
+        ``controller.estimator: probe``, the policy being trained's entropy on the probe
         batches' states this iteration (the mean of their ``batch_entropy``, as the probe
-        measured them), which the iteration's update then tracks."""
+        measured them); ``relative``, its exact entropy on the iteration's batch over the base
+        model's there (``entrogym.algos.entropy.relative_entropy``)."""
         self.state_entropy = entropy
 
     def observe_step(self, entropy: float) -> None:

@@ -332,10 +332,11 @@ def policy_update(
     if entropy is not None and control.tracks_exact:  # supplied old log-probs: no pass yet
         rows = torch.arange(len(batch))
         score_old_logprobs(batch, rows, score, micro_batch_size, micro_batch_tokens, tally, False)
-    tracked = control.state_entropy if control.tracks_probe_states else None
-    if control.tracks_probe_states and tracked is None:
+    tracked = control.state_entropy if control.tracks_handed else None
+    if control.tracks_handed and tracked is None:
+        estimator = control.feedback.estimator
         raise ValueError(
-            "controller.estimator probe tracks the probe states' entropy; hand it to "
+            f"controller.estimator {estimator} is measured by the caller; hand it to "
             "EntropyControl.observe_states before the update"
         )
     if tracked is None and entropy is not None:

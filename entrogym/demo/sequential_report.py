@@ -143,7 +143,12 @@ def plot_sequential(summary: dict[str, Any], out: Path) -> list[Path]:
     colors = {label: f"C{i}" for i, label in enumerate(labels)}
     written = []
     for name, stage, key, ylabel in (
-        ("stage1_entropy.png", "stage1", "entropy", "entropy on A (nats / token)"),
+        (
+            "stage1_entropy.png",
+            "stage1",
+            "entropy",
+            "entropy on A as tracked (nats / token; relative: ratio to base)",
+        ),
         ("stage2_reward.png", "stage2", "reward", "reward on B"),
     ):
         fig, ax = plt.subplots(figsize=(7, 4))

@@ -10,7 +10,8 @@ Logged per (algorithm, seed, iteration) in ``metrics.jsonl``:
 ``entropy_sampled`` the mean -log pi over the iteration's sampled arms (``sampled_entropy``) of
 the policy that collected the experience; ``entropy_tracked`` the estimate of that entropy the
 controller saw (``controller.estimator``: the exact mean state entropy over the sampled states,
-which with every state sampled is also what ``probe`` tracks, or ``entropy_sampled``);
+which with every state sampled is also what ``probe`` tracks, that over the initial policy's for
+``relative``, or ``entropy_sampled``);
 ``reward`` exact expected
 reward after the update; ``reward_sampled`` the experience's mean reward; clip fractions, KL,
 and the lever's coefficient (``zeta``, ``beta``, ``eps_high``, ...) as used in the iteration.
@@ -175,6 +176,8 @@ def run_one(
         )
         if control.tracks_probe_states:  # every state is sampled: its fixed states are all
             control.observe_states(float(policy.state_entropies().mean()))
+        if control.tracks_relative:  # the initial policy is the base model here
+            control.observe_states(float(policy.state_entropies().mean()) / initial["entropy"])
         m = policy_update(
             control,
             batch,

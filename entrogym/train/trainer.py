@@ -215,6 +215,8 @@ class Trainer:
         entropy_check = self.learner.entropy_check(batch)
         t0 = time.perf_counter()
         observe_probe_states(self.control, self.learner, self.state.probe_states)
+        if self.control.tracks_relative:  # measured on this batch, before its update
+            self.control.observe_states(self.learner.relative_entropy(batch))
         batch.compute_advantages(self.algo.advantage)
         from_sampler = self._old_logprobs(batch, it, staleness)
         metrics = self.learner.update(self.control, batch, it)

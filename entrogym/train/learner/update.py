@@ -14,7 +14,13 @@ from typing import Any
 
 import torch
 
-from entrogym.algos import EntropyControl, UpdateBatch, optimizer_steps, policy_update
+from entrogym.algos import (
+    EntropyControl,
+    UpdateBatch,
+    optimizer_steps,
+    policy_update,
+    relative_entropy,
+)
 from entrogym.algos.aepo import TemperatureSamples
 from entrogym.train.config import TrainConfig
 from entrogym.train.devices import distributed
@@ -205,6 +211,15 @@ class Learner:
         fp32 like an iteration's batch."""
         logprobs, exact = self.score_all(batch, need_entropy=control.measures_exact)
         return control.batch_entropy(logprobs, exact, batch.mask)
+
+    def relative_entropy(self, batch: UpdateBatch) -> float:
+        """``estimator relative``: ``batch``'s exact entropy under the policy being trained over
+        the base model's on the same tokens (``entrogym.algos.relative_entropy``), the base
+        model being the policy with its adapter switched off. Two no-grad fp32 passes."""
+        _, current = self.score_all(batch, need_entropy=True)
+        with self.policy.disable_adapter():
+            _, base = self.score_all(batch, need_entropy=True)
+        return relative_entropy(current, base, batch.mask)
 
     def entropy_check(self, batch: UpdateBatch) -> dict[str, Any]:
         """Opt-in (``--sampler-entropy-check``): did the engine draw from the policy? One extra
