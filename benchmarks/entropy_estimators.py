@@ -75,7 +75,7 @@ def batch_estimates(trainer: Any, batch: Any) -> dict[str, float]:
     return {
         "sampled": sampled_entropy(logprobs, batch.mask),
         "exact": exact_batch_entropy(entropies, batch.mask),
-        "relative": trainer.learner.relative_entropy(batch),
+        "relative": trainer.learner.relative_entropy(batch)[0],
         "action_tokens": int(batch.mask.sum()),
     }
 

@@ -41,6 +41,9 @@ class EntropyControl:
         self.probe: list[float] = []  # entropies of the initial policy's probe batches
         # estimator probe: the policy's entropy on the probe batches' states, this iteration
         self.state_entropy: float | None = None
+        # estimator relative: the base model's mean exact entropy on this iteration's batch, in
+        # nats, which turns the ratio target into the nats a lever's in-loss push compares with
+        self.state_reference: float | None = None
 
     # ----- what the update reads --------------------------------------------------------------
 
@@ -126,7 +129,8 @@ class EntropyControl:
         """One iteration's tracked entropy (``batch_entropy`` of the policy being trained, on
         its experience): recorded, and fed to a controller that steps once per iteration."""
         self.history.append(entropy)
-        self.state_entropy = None  # probe: each iteration's update needs its own measurement
+        # probe and relative: each iteration's update needs its own measurement
+        self.state_entropy = self.state_reference = None
         self._set_target()
         stepwise = self.steps_per_optimizer_step
         if self.controller is not None and not stepwise and self.target is not None:
@@ -138,13 +142,19 @@ class EntropyControl:
         one batch (so by the controller's estimator): averaged into a ratio target."""
         self.probe = list(entropies)
 
-    def observe_states(self, entropy: float) -> None:
+    def observe_states(self, entropy: float, reference: float | None = None) -> None:
         """What the iteration's update then tracks, measured by the caller before it:
         ``controller.estimator: probe``, the policy being trained's entropy on the probe
         batches' states this iteration (the mean of their ``batch_entropy``, as the probe
         measured them); ``relative``, its exact entropy on the iteration's batch over the base
-        model's there (``entrogym.algos.entropy.relative_entropy``)."""
-        self.state_entropy = entropy
+        model's there (``entrogym.algos.entropy.relative_entropy``), with ``reference`` the
+        base model's mean exact entropy there in nats (``lever_target``)."""
+        if self.tracks_relative and reference is None:
+            raise ValueError(
+                "controller.estimator relative: hand observe_states the base model's mean "
+                "entropy on the batch (reference), which the lever's target is in"
+            )
+        self.state_entropy, self.state_reference = entropy, reference
 
     def observe_step(self, entropy: float) -> None:
         """The entropy measured during one optimizer step, for a controller fed every step
@@ -177,6 +187,18 @@ class EntropyControl:
             reference = sum(measured) / len(measured)
             # no target: the first entropy, to report the drift from it
             self.target = reference if params is None else params.target * reference
+
+    @property
+    def lever_target(self) -> float | None:
+        """The target a lever's in-loss push compares a micro-batch's exact entropy with, in
+        nats (``extra_loss``'s ``target``): ``target`` itself, except for ``estimator
+        relative``, whose ratio target becomes nats on the iteration's batch, ``target`` times
+        the base model's mean entropy there."""
+        if self.target is None or not self.tracks_relative:
+            return self.target
+        if self.state_reference is None:  # read outside an update: no batch to convert on
+            return None
+        return self.target * self.state_reference
 
     # ----- reporting and checkpoints ----------------------------------------------------------
 

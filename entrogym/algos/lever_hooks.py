@@ -26,9 +26,10 @@ order, with ``coef`` the coefficient as the controller set it:
   a lever that acts on some rows only) and the target.
 
 **The target** reaches a lever one way: as ``extra_loss``'s ``target`` argument, the run's
-target entropy in nats (``EntropyControl.target``) at the moment the loss is computed, or
-``None`` before it is known (the first minibatch of a run whose target is the first
-iterations' entropy). A lever that reads it sets ``reads_target = True``; it then needs a
+target entropy in nats (``EntropyControl.lever_target``: the target, or for ``estimator
+relative`` its ratio times the base model's entropy on the batch) at the moment the loss is
+computed, or ``None`` before it is known (the first minibatch of a run whose target is the
+first iterations' entropy). A lever that reads it sets ``reads_target = True``; it then needs a
 controller that has a target (any but ``fixed``), which ``AlgorithmConfig`` checks.
 """
 

@@ -167,7 +167,7 @@ def micro_batch_loss(
         trained = keep.to(rows.mask.dtype)  # the bonus acts on the kept tokens too (as TRL's)
     loss = -aggregate(objective, terms.mask, config.loss.params.aggregation)
     extra = lever.extra_loss(
-        logprobs, entropies, trained, coef, advantages=advantages, target=control.target
+        logprobs, entropies, trained, coef, advantages=advantages, target=control.lever_target
     )
     return (loss if extra is None else loss + extra), {**terms.metrics, **metrics}, trained
 

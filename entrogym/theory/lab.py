@@ -177,7 +177,8 @@ def run_one(
         if control.tracks_probe_states:  # every state is sampled: its fixed states are all
             control.observe_states(float(policy.state_entropies().mean()))
         if control.tracks_relative:  # the initial policy is the base model here
-            control.observe_states(float(policy.state_entropies().mean()) / initial["entropy"])
+            entropy = float(policy.state_entropies().mean())
+            control.observe_states(entropy / initial["entropy"], initial["entropy"])
         m = policy_update(
             control,
             batch,

@@ -216,7 +216,7 @@ class Trainer:
         t0 = time.perf_counter()
         observe_probe_states(self.control, self.learner, self.state.probe_states)
         if self.control.tracks_relative:  # measured on this batch, before its update
-            self.control.observe_states(self.learner.relative_entropy(batch))
+            self.control.observe_states(*self.learner.relative_entropy(batch))
         batch.compute_advantages(self.algo.advantage)
         from_sampler = self._old_logprobs(batch, it, staleness)
         metrics = self.learner.update(self.control, batch, it)

@@ -87,7 +87,7 @@ def _relative_control(target: float = 1.0) -> EntropyControl:
     )
 
 
-def _update(control: EntropyControl) -> dict:
+def _update(control: EntropyControl, needs_entropy: bool = False) -> dict:
     """One repo-r update of a 3-state tabular policy; the scorer counts entropy requests."""
     logits = torch.nn.Parameter(torch.tensor([[2.0, 0.5, -1.0], [0.0, 0.1, 0.2], [-3.0, 3.0, 0.0]]))
     states = torch.arange(3).repeat_interleave(4)
@@ -106,7 +106,8 @@ def _update(control: EntropyControl) -> dict:
     metrics = policy_update(control, batch, score=score, backward=torch.Tensor.backward,
                             step=lambda: optimizer.step() or True,
                             zero_grad=optimizer.zero_grad)  # fmt: skip
-    assert not any(asked)  # repo-r's loss needs no entropies, and the ratio was handed over
+    # repo-r's loss needs no entropies, and the ratio was handed over; a constraint's does
+    assert any(asked) == needs_entropy
     return metrics
 
 
@@ -114,11 +115,11 @@ def test_the_relative_estimator_tracks_the_ratio_it_is_handed_against_target_tim
     control = _relative_control(target=0.5)
     assert control.tracks_relative and control.tracks_handed and control.measures_exact
     assert not control.tracks_probe_states and not control.needs_entropy
-    control.observe_states(1.0)  # a fresh adapter: the policy is the base model
+    control.observe_states(1.0, 2.0)  # a fresh adapter: the policy is the base model
     first = _update(control)
     assert first["entropy_tracked"] == 1.0 and control.target == 0.5
     assert first["entropy_error"] == pytest.approx(1.0)  # twice the target
-    control.observe_states(0.4)  # below the target: the paper's controller answers
+    control.observe_states(0.4, 2.0)  # below the target: the paper's controller answers
     coefficient = control.coefficient
     second = _update(control)
     assert second["entropy_tracked"] == 0.4 and second["entropy_error"] == pytest.approx(-0.2)
@@ -142,3 +143,32 @@ def test_the_lab_feeds_the_mean_state_entropy_over_the_initial_policys():
         # iteration i tracks the policy after update i - 1, whose entropy ``before`` logged
         assert row["entropy_tracked"] == pytest.approx(before["entropy"] / initial["entropy"])
     assert rows[-1]["entropy_tracked"] != 1.0
+
+
+def test_a_lever_reads_the_ratio_target_in_nats_on_the_batch():
+    """The entropy-constraint lever's in-loss push compares a micro-batch's exact entropy (nats)
+    with its target: under ``relative`` that is the ratio target times the base model's mean
+    entropy on the iteration's batch, handed over with the ratio."""
+    config = build_algorithm({"name": "grpo", "minibatch_size": 4, "lever": "entropy-constraint",
+                              "controller": {"name": "pi", "estimator": "relative", "target": 0.5,
+                                             "step": "iteration"}})  # fmt: skip
+    control = EntropyControl(config)
+    seen = []
+    extra_loss = control.lever.extra_loss
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs["target"])
+        return extra_loss(*args, **kwargs)
+
+    control.lever.extra_loss = recording
+    with pytest.raises(ValueError, match="base model's mean entropy"):
+        control.observe_states(1.0)
+    control.observe_states(1.0, 1.8)
+    assert control.lever_target is None  # the target is set from the first ratio, in the update
+    _update(control, needs_entropy=True)
+    assert seen and all(t == pytest.approx(0.5 * 1.8) for t in seen[1:])
+    control.observe_states(0.8, 1.2)  # another batch: the same ratio target, other nats
+    seen.clear()
+    _update(control, needs_entropy=True)
+    assert seen and all(t == pytest.approx(0.5 * 1.2) for t in seen)
+    assert control.lever_target is None  # read outside an update: no batch to convert on

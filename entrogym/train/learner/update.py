@@ -17,6 +17,7 @@ import torch
 from entrogym.algos import (
     EntropyControl,
     UpdateBatch,
+    exact_batch_entropy,
     optimizer_steps,
     policy_update,
     relative_entropy,
@@ -212,14 +213,15 @@ class Learner:
         logprobs, exact = self.score_all(batch, need_entropy=control.measures_exact)
         return control.batch_entropy(logprobs, exact, batch.mask)
 
-    def relative_entropy(self, batch: UpdateBatch) -> float:
+    def relative_entropy(self, batch: UpdateBatch) -> tuple[float, float]:
         """``estimator relative``: ``batch``'s exact entropy under the policy being trained over
         the base model's on the same tokens (``entrogym.algos.relative_entropy``), the base
-        model being the policy with its adapter switched off. Two no-grad fp32 passes."""
+        model being the policy with its adapter switched off, and the base model's mean exact
+        entropy there in nats. Two no-grad fp32 passes."""
         _, current = self.score_all(batch, need_entropy=True)
         with self.policy.disable_adapter():
             _, base = self.score_all(batch, need_entropy=True)
-        return relative_entropy(current, base, batch.mask)
+        return relative_entropy(current, base, batch.mask), exact_batch_entropy(base, batch.mask)
 
     def entropy_check(self, batch: UpdateBatch) -> dict[str, Any]:
         """Opt-in (``--sampler-entropy-check``): did the engine draw from the policy? One extra
