@@ -4,10 +4,11 @@ relative to the base model.
 The demo's workload (``demo_workload.py``: SmolLM2-135M-Instruct, the ``hf`` engine in fp32,
 one-digit ``entrogym/Arithmetic-v0``, TASKS x SAMPLES = 4 x 4 trajectories a batch, 48 response
 tokens) with the policy held fixed: at the base model (the LoRA adapter at its init, which
-leaves the base model's outputs unchanged) or at a trained adapter (``--adapter``). The trainer that ``entrogym demo`` would build
-collects N batches, as its first N iterations would draw their tasks and seeds, and scores each
-in fp32 (``Learner.score``), with the exact per-token entropies. Per batch, the two estimates
-of the policy's mean token entropy over the batch's action tokens:
+leaves the base model's outputs unchanged) or at a trained adapter (``--adapter``). The
+trainer that ``entrogym demo`` would build collects N batches, as its first N iterations would
+draw their tasks and seeds, and scores each in fp32 (``Learner.score``), with the exact
+per-token entropies. Per batch, three estimates of the policy's mean token entropy over the
+batch's action tokens:
 
 * ``sampled``: mean of -log p(sampled token) (``entrogym.algos.sampled_entropy``), what the
   controllers tracked with ``algo.controller.estimator: sampled``;
@@ -98,9 +99,8 @@ def measure(
         )  # fmt: skip
         trainer = Trainer(cfg)
         try:
-            trainer.sampler.publish_adapter(
-                0
-            )  # the policy held fixed: the base model or ``adapter``
+            # the policy held fixed: the base model or ``adapter``
+            trainer.sampler.publish_adapter(0)
             rows = []
             for it in range(batches):
                 batch, _ = trainer.sampler.collect(it, version=0)

@@ -174,11 +174,12 @@ def run_one(
             old_logprobs=old_logprobs,
             versions=torch.full((len(states),), version),
         )
-        if control.tracks_probe_states:  # every state is sampled: its fixed states are all
-            control.observe_states(float(policy.state_entropies().mean()))
-        if control.tracks_relative:  # the initial policy is the base model here
+        if control.tracks_handed:  # every state is sampled: probe's fixed states are all
             entropy = float(policy.state_entropies().mean())
-            control.observe_states(entropy / initial["entropy"], initial["entropy"])
+            if control.tracks_relative:  # the initial policy is the base model here
+                control.observe_states(entropy / initial["entropy"], initial["entropy"])
+            else:
+                control.observe_states(entropy)
         m = policy_update(
             control,
             batch,
