@@ -45,10 +45,15 @@ def tokenizer(path):
 
 @pytest.fixture(scope="module")
 def engine(path):
-    # The KV cache sized for 8 sequences, the worker bound to every core this process may use.
-    eng = make_engine(
-        "vllm", path, dtype="fp32", max_model_len=512, max_num_seqs=8, threads=CORES, seed=0
-    )
+    # The KV cache sized for 8 sequences, the worker bound to every core this process may use,
+    # started as in a process that applied one thread to itself first (``apply_threads(1)``
+    # sets these): the worker must still use every bound core.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "1")
+        patch.setenv("MKL_NUM_THREADS", "1")
+        eng = make_engine(
+            "vllm", path, dtype="fp32", max_model_len=512, max_num_seqs=8, threads=CORES, seed=0
+        )
     yield eng
     eng.close()
 

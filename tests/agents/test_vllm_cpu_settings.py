@@ -101,7 +101,10 @@ def test_binding_uses_the_threads_asked():
 
 
 def test_binding_the_user_set_is_kept(monkeypatch):
-    assert vllm_cpu_env(1, kv_cache_gb=None) == {"VLLM_CPU_OMP_THREADS_BIND": str(ALLOWED[0])}
+    assert vllm_cpu_env(1, kv_cache_gb=None) == {
+        "VLLM_CPU_OMP_THREADS_BIND": str(ALLOWED[0]),
+        "MKL_NUM_THREADS": "1",
+    }
     assert vllm_cpu_env(None, kv_cache_gb=None) == {}  # vLLM's own "auto"
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     assert vllm_cpu_env(1, kv_cache_gb=None) == {}

@@ -167,7 +167,7 @@ def vllm_cpu_env(threads: int | None, *, kv_cache_gb: float | None) -> dict[str,
     """Environment for a vLLM-CPU engine's processes (None = unset the variable).
 
     ``threads``: the worker's OpenMP threads, bound to the first ``threads`` CPUs (see
-    :func:`cpu_bind`). None leaves vLLM's ``auto`` binding: one core per NUMA node kept back
+    :func:`cpu_bind`), with ``MKL_NUM_THREADS`` set to match. None leaves vLLM's ``auto`` binding: one core per NUMA node kept back
     for vLLM's scheduler process, the worker pinned to the rest (on this 2-core machine: the
     worker on core 0, the scheduler and the waiting learner on core 1). Binding both cores
     was 2.3x slower on the shared, loaded machine (docs/performance.md, "Generation"): a
@@ -182,6 +182,10 @@ def vllm_cpu_env(threads: int | None, *, kv_cache_gb: float | None) -> dict[str,
         bind = cpu_bind(threads)  # checked even where the user's binding wins
         if not os.environ.get("VLLM_CPU_OMP_THREADS_BIND"):
             env["VLLM_CPU_OMP_THREADS_BIND"] = bind
+            # vLLM sizes the worker's OpenMP team from the binding, but torch there also caps
+            # its pool at MKL_NUM_THREADS, which this process may have set lower for itself
+            # (``apply_threads``): inherited, it left all but one bound CPU idle
+            env["MKL_NUM_THREADS"] = str(threads)
     if kv_cache_gb is not None:
         env["VLLM_CPU_KVCACHE_SPACE"] = None
     return env
