@@ -61,6 +61,19 @@ PAIRS: dict[str, TaskPair] = {
         b=Task(ARITHMETIC, {"max_digits": 1, "operations": "*", "num_train": 40, "num_test": 20}),
         why="one-digit + alone, then one-digit * (another operation on the same operands)",
     ),
+    # A that a collapse leaves partly unsolved (base pass@1 0.22; GRPO ends with a quarter of
+    # it out of reach in 32 samples), then a B that a screen of the stage-1 policies picked:
+    # the held starts reach more of it (docs/results.md, 2026-11-29 10:03 and 10:30)
+    "neg-mixed": TaskPair(
+        a=Task(
+            ARITHMETIC,
+            {"max_digits": 1, "allow_negative": True, "num_train": 100, "num_test": 40},
+        ),
+        b=Task(
+            ARITHMETIC, {"max_digits": 1, "operations": "+-*", "num_train": 100, "num_test": 40}
+        ),
+        why="one-digit + and - with negative answers, then one-digit +, - and *",
+    ),
 }
 DEFAULT_PAIR = "add1-add2"
 STAGE1_ITERATIONS, STAGE2_ITERATIONS = 15, 10
