@@ -101,17 +101,20 @@ def test_binding_uses_the_threads_asked():
 
 
 def test_binding_the_user_set_is_kept(monkeypatch):
+    # MKL_NUM_THREADS is always unset (None): this process's own cap must not reach vLLM's
+    # worker, whose threads its binding decides
+    unset_mkl = {"MKL_NUM_THREADS": None}
     assert vllm_cpu_env(1, kv_cache_gb=None) == {
         "VLLM_CPU_OMP_THREADS_BIND": str(ALLOWED[0]),
-        "MKL_NUM_THREADS": "1",
+        **unset_mkl,
     }
-    assert vllm_cpu_env(None, kv_cache_gb=None) == {}  # vLLM's own "auto"
+    assert vllm_cpu_env(None, kv_cache_gb=None) == unset_mkl  # vLLM's own "auto"
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    assert vllm_cpu_env(1, kv_cache_gb=None) == {}
+    assert vllm_cpu_env(1, kv_cache_gb=None) == unset_mkl
     with pytest.raises(ValueError, match="threads"):
         vllm_cpu_env(len(ALLOWED) + 1, kv_cache_gb=None)
     # An explicit size must beat the legacy variable, which vLLM would put above the bytes.
-    assert vllm_cpu_env(None, kv_cache_gb=1.0) == {"VLLM_CPU_KVCACHE_SPACE": None}
+    assert vllm_cpu_env(None, kv_cache_gb=1.0) == {"VLLM_CPU_KVCACHE_SPACE": None, **unset_mkl}
 
 
 class RecordingLLM:

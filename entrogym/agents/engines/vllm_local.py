@@ -167,7 +167,7 @@ def vllm_cpu_env(threads: int | None, *, kv_cache_gb: float | None) -> dict[str,
     """Environment for a vLLM-CPU engine's processes (None = unset the variable).
 
     ``threads``: the worker's OpenMP threads, bound to the first ``threads`` CPUs (see
-    :func:`cpu_bind`), with ``MKL_NUM_THREADS`` set to match. None leaves vLLM's ``auto`` binding: one core per NUMA node kept back
+    :func:`cpu_bind`). None leaves vLLM's ``auto`` binding: one core per NUMA node kept back
     for vLLM's scheduler process, the worker pinned to the rest (on this 2-core machine: the
     worker on core 0, the scheduler and the waiting learner on core 1). Binding both cores
     was 2.3x slower on the shared, loaded machine (docs/performance.md, "Generation"): a
@@ -176,16 +176,17 @@ def vllm_cpu_env(threads: int | None, *, kv_cache_gb: float | None) -> dict[str,
 
     An explicit ``kv_cache_gb`` unsets ``VLLM_CPU_KVCACHE_SPACE``, which vLLM would otherwise
     put above the bytes it is given.
+
+    ``MKL_NUM_THREADS`` is always unset: vLLM gives each worker ``OMP_NUM_THREADS`` from its
+    binding, but torch there also caps its pool at ``MKL_NUM_THREADS``, which this process
+    may have set for itself (``apply_threads``). Inherited, it left every bound CPU but one
+    idle; unset, whichever binding applies (this one, the user's or ``auto``) decides.
     """
-    env: dict[str, str | None] = {}
+    env: dict[str, str | None] = {"MKL_NUM_THREADS": None}
     if threads is not None:
         bind = cpu_bind(threads)  # checked even where the user's binding wins
         if not os.environ.get("VLLM_CPU_OMP_THREADS_BIND"):
             env["VLLM_CPU_OMP_THREADS_BIND"] = bind
-            # vLLM sizes the worker's OpenMP team from the binding, but torch there also caps
-            # its pool at MKL_NUM_THREADS, which this process may have set lower for itself
-            # (``apply_threads``): inherited, it left all but one bound CPU idle
-            env["MKL_NUM_THREADS"] = str(threads)
     if kv_cache_gb is not None:
         env["VLLM_CPU_KVCACHE_SPACE"] = None
     return env
