@@ -39,6 +39,9 @@ class SequentialOptions:
         eval_tasks: held-out tasks per evaluation (after the first and last update of a run).
         eval_samples: samples per held-out task at each evaluation; the accuracy is their
             mean (pass@1), so more samples measure it with less noise.
+        stage2_eval_every: evaluate stage 2 on B's held-out tasks every this many iterations
+            as well (0: after the first and the last update only); the summary gets each
+            run's accuracy curve, and ``accuracy_late``, its mean over stage 2's second half.
         pass_tasks: task A's held-out tasks scored for pass@k.
         pass_samples: samples per task for pass@k (k = 1, 4, 16, 64 up to it, and it).
         engine: rollout engine (None: the demo's, entrogym.demo.AGENT.engine).
@@ -63,6 +66,7 @@ class SequentialOptions:
     lr: float = 2.5e-4
     eval_tasks: int = 40
     eval_samples: int = 1
+    stage2_eval_every: int = 0
     pass_tasks: int = 16
     pass_samples: int = 64
     engine: str | None = None
@@ -82,6 +86,8 @@ class SequentialOptions:
                      "pass_tasks", "pass_samples"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.stage2_eval_every < 0:
+            raise ValueError(f"stage2_eval_every must be >= 0, got {self.stage2_eval_every}")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds: give one or more distinct seeds, got {self.seeds}")
         if self.stage1_from is not None and not Path(self.stage1_from).is_dir():
@@ -152,7 +158,8 @@ def cli(argv: list[str]) -> int:
                     stage1_iterations=opts.stage1_iterations,
                     stage2_iterations=opts.stage2_iterations, stage2_algo=opts.stage2_run,
                     lr=opts.lr, eval_tasks=opts.eval_tasks,
-                    eval_samples=opts.eval_samples, pass_tasks=opts.pass_tasks,
+                    eval_samples=opts.eval_samples,
+                    stage2_eval_every=opts.stage2_eval_every, pass_tasks=opts.pass_tasks,
                     pass_samples=opts.pass_samples, workers=opts.workers or 2 * cores,
                     threads=1, model=opts.model,
                     stage1_from=Path(opts.stage1_from) if opts.stage1_from else None,

@@ -125,6 +125,7 @@ def demo_config(
     init_adapter: str | None = None,
     eval_samples: int = 1,
     engine_dtype: str | None = None,
+    eval_every: int | None = None,
 ) -> TrainConfig:
     """The demo's TrainConfig for one algorithm (a ``DemoRun``'s ``algo``); the run folder is
     ``out / (name or algo.name)``.
@@ -133,7 +134,8 @@ def demo_config(
     name the task trained and evaluated on, and ``init_adapter`` the adapter it starts from
     (the sequential experiment's second stage); ``eval_samples`` samples each held-out task
     that many times (the accuracy is their mean, pass@1); ``engine_dtype`` replaces the
-    sampler's fp32 (the learner stays fp32)."""
+    sampler's fp32 (the learner stays fp32). ``eval_every`` evaluates every that many
+    iterations as well (None: after the first and the last update only)."""
     from entrogym.train.config import TrainConfig
 
     env_kwargs = ENV_KWARGS if env_kwargs is None else env_kwargs
@@ -141,7 +143,7 @@ def demo_config(
     evaluation: dict[str, Any] = {"eval_env": None, "eval_every": 0, "eval_tasks": None}
     if eval_tasks:  # held-out accuracy after the first and the last update (the plots' panels)
         evaluation = {"eval_env": env, "eval_env_kwargs": env_kwargs, "eval_split": "test",
-                      "eval_every": iterations, "eval_tasks": eval_tasks,
+                      "eval_every": eval_every or iterations, "eval_tasks": eval_tasks,
                       "eval_samples": eval_samples}  # fmt: skip
     return TrainConfig(
         **agent,

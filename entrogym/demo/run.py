@@ -126,6 +126,8 @@ def run_record(config: Any, run_dir: Path, wall_s: float) -> dict[str, Any]:
         "controlled": config.algo.controller is not None,
         "accuracy_first": evals[0]["pass@1"] if evals else None,
         "accuracy_after": evals[-1]["pass@1"] if evals else None,
+        # (iteration, held-out accuracy) of every evaluation, first to last
+        "accuracy_curve": [[e["iteration"], e["pass@1"]] for e in evals],
         "generated_tokens": sum(r.get("generated_tokens", 0) for r in rows_t),
         "wall_s": wall_s,
     }

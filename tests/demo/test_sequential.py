@@ -12,7 +12,7 @@ import pytest
 
 from entrogym.cli import main
 from entrogym.commands.demo_runs import parse_run, split_run
-from entrogym.demo.sequential import PAIRS, stage_area
+from entrogym.demo.sequential import PAIRS, late_accuracy, stage_area
 from entrogym.demo.sequential_report import goals
 
 TINY = ["--model", "tiny-random-llama", "--stage1-iterations", "2", "--stage2-iterations", "2",
@@ -62,6 +62,27 @@ def test_sequential_runs_both_stages_and_writes_the_summary(
         assert second["stage2"]["reward"] == first["stage2"]["reward"]
     assert not (again / "stage1").exists()
 
+    # stage 2 evaluated at every iteration: each run's held-out curve, its second-half mean,
+    # the report's line and the curves' plot; the evaluations leave the training as it was
+    curves = tmp_path / "curves"
+    argv = ["sequential", *TINY, "--out", str(curves), "--runs", *runs, "--stage1-from", str(out),
+            "--stage2-iterations", "3", "--stage2-eval-every", "1"]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    assert "(not a goal) B accuracy over stage 2's second half, held - grpo: " in (
+        capsys.readouterr().out
+    )
+    evaluated = json.loads((curves / "summary.json").read_text())
+    for first, run in zip(summary["runs"], evaluated["runs"], strict=True):
+        two = run["stage2"]
+        assert [it for it, _ in two["accuracy_curve"]] == [0, 1, 2]
+        assert two["accuracy_curve"][-1][1] == two["accuracy"]
+        assert two["accuracy_late"] == pytest.approx(
+            (two["accuracy_curve"][1][1] + two["accuracy_curve"][2][1]) / 2
+        )
+        assert two["reward"][:2] == first["stage2"]["reward"]
+    assert (curves / "plots" / "stage2_accuracy.png").stat().st_size > 0
+    assert not (again / "plots" / "stage2_accuracy.png").exists()
+
     # an `entrogym demo` out (seedS/RUN, a summary without a pair) is a stage 1 too; its
     # pass@k is scored again
     demo = tmp_path / "demo"
@@ -89,6 +110,7 @@ def test_sequential_runs_both_stages_and_writes_the_summary(
         (["--pair", "nope"], "unknown pair"),
         (["--pass-samples", "0"], "pass_samples must be >= 1"),
         (["--eval-samples", "0"], "eval_samples must be >= 1"),
+        (["--stage2-eval-every", "-1"], "stage2_eval_every must be >= 0"),
         (["--runs", "grpo --algo.lever nope"], "runs:"),
     ],
 )
@@ -129,6 +151,16 @@ def test_labels_and_area() -> None:
     assert stage_area([0.0, 1.0]) == 0.5
     assert stage_area([0.2, 0.4, 0.6]) == pytest.approx(0.4)
     assert stage_area([0.3]) == 0.3
+
+
+def test_late_accuracy_is_the_mean_of_the_second_half() -> None:
+    # 20 iterations (0-19) evaluated every 5: the second half is iterations 10, 15 and 19
+    curve = [[0, 0.1], [5, 0.2], [10, 0.5], [15, 0.7], [19, 0.6]]
+    assert late_accuracy(curve, 20) == pytest.approx((0.5 + 0.7 + 0.6) / 3)
+    # first and last only: the last; an odd count keeps the middle iteration
+    assert late_accuracy([[0, 0.1], [19, 0.6]], 20) == 0.6
+    assert late_accuracy([[0, 0.1], [1, 0.3], [2, 0.5]], 3) == pytest.approx(0.4)
+    assert late_accuracy([], 20) is None
 
 
 def test_goals_compare_the_held_run_with_grpo_on_every_seed() -> None:
