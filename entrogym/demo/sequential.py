@@ -54,8 +54,9 @@ PAIRS: dict[str, TaskPair] = {
         ),
         why="one-digit + and - (the demo's task), then one-digit +, - and * (* is new)",
     ),
-    # the closest pair to the stage-2 goal (docs/results.md, 2026-11-28 14:55): a single
-    # operator to collapse onto, then another; B's base pass@1 0.24, in the 20-60 % band
+    # a single operator to collapse onto, then another; B's base pass@1 0.24, in the 20-60 %
+    # band. The highest mean stage-2 lead on seeds 0-2, reversed on seeds 3-5 (docs/results.md,
+    # 2026-11-28 14:55 and 2026-11-29 16:16)
     "add-mul": TaskPair(
         a=Task(ARITHMETIC, {"max_digits": 1, "operations": "+", "num_train": 40, "num_test": 20}),
         b=Task(ARITHMETIC, {"max_digits": 1, "operations": "*", "num_train": 40, "num_test": 20}),
