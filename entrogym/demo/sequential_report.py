@@ -38,11 +38,13 @@ def goals(summary: dict[str, Any]) -> dict[str, Any]:
         })  # fmt: skip
     gains = [c["stage2_gain"] for c in checks if c["stage2_gain"] is not None]
     mean_gain = sum(gains) / len(gains) if gains else None
+    late = [c["stage2_late_gain"] for c in checks if c["stage2_late_gain"] is not None]
     return {
         "checks": checks,
         "stage2": bool(gains) and len(gains) == len(checks) and mean_gain >= STAGE2_MARGIN
         and all(g > 0 for g in gains),
         "stage2_mean_gain": mean_gain,
+        "stage2_late_mean_gain": sum(late) / len(late) if late else None,
         "pass16": bool(checks) and all(
             c["pass16_gain"] is not None and c["pass16_gain"] >= PASS_MARGIN for c in checks
         ),
@@ -97,13 +99,9 @@ def report(summary: dict[str, Any]) -> str:
         f"{'met' if result['tracking'] else 'NOT met'}",
     ]
     if summary.get("settings", {}).get("stage2_eval_every"):
-        late = [c["stage2_late_gain"] for c in result["checks"]]
-        known = [g for g in late if g is not None]
-        lines.append(
-            f"  (not a goal) B accuracy over stage 2's second half, {held} - grpo: "
-            + " ".join(f"{g:+.2f}" if g is not None else "-" for g in late)
-            + (f" (mean {sum(known) / len(known):+.2f})" if known else "")
-        )
+        late = " ".join(_f(c["stage2_late_gain"]) for c in result["checks"])
+        lines.append(f"  (not a goal) B accuracy over stage 2's second half, {held} - grpo: "
+                     f"{late} (mean {_f(result['stage2_late_mean_gain'])})")  # fmt: skip
     lines.append(f"wall time {summary['wall_s']:.0f} s")
     return "\n".join(lines)
 

@@ -176,6 +176,15 @@ def test_goals_compare_the_held_run_with_grpo_on_every_seed() -> None:
     assert result["stage2"] is True  # mean 0.15 >= 0.10 and higher on both seeds
     assert result["pass16"] is False  # seed 1 gains only 0.03
     assert result["tracking"] is False  # seed 1 left the band by 0.30
+    # without held-out curves there is no second-half comparison; with them, its mean
+    assert result["stage2_late_mean_gain"] is None
+    lates = iter([0.30, 0.50, 0.40, 0.45])
+    for r in runs:
+        r["stage2"]["accuracy_late"] = next(lates)
+    late = goals({"held": "held", "runs": runs})
+    assert [c["stage2_late_gain"] for c in late["checks"]] == pytest.approx([0.20, 0.05])
+    assert late["stage2_late_mean_gain"] == pytest.approx(0.125)
+    assert late["stage2"] is True  # the goal stays on the end point
 
 
 @pytest.mark.parametrize("name", sorted(PAIRS))
