@@ -32,10 +32,12 @@ print("\n".join(f"{n}=={m.version(n)}" for n in sys.argv[1:]))' "${NAMES[@]}"
 }
 
 bundle() {
+  local reqs
+  reqs=$(pins)  # an assignment, so that set -e stops here if a package is missing
   mkdir -p "$dir/whl" "$dir/shape"
   .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version "$PYVER" \
     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-    -d "$dir/whl" $(pins)
+    -d "$dir/whl" $reqs
   # The tokenizer the tiny test models are built around, and the default model's config and
   # tokenizer without its weights.
   .venv/bin/python - "$dir" <<'EOF'
