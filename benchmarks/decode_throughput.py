@@ -14,7 +14,14 @@ context, the matmul rate of the step's own shape and the read bandwidth, measure
 dtype; ``generation_roofline_fraction`` is tokens/s over the lower bound. Prefill is in the
 measured time but not in the bound, so the fraction is a lower bound.
 
-    nice -n 0 .venv/bin/python benchmarks/decode_throughput.py
+``--paired``: every (dtype, decode) engine is loaded first, and each repeat publishes one
+adapter version that every engine then samples, in an order rotated from repeat to repeat. Each
+path's speedup is then the median over repeats of its tokens/s over fp32 ``generate``'s *in the
+same repeat* (``paired_speedup``, with its range), so that a shift of the host's speed between
+one path's calls and another's (10-20 % between runs here) cancels instead of entering the
+ratio.
+
+    nice -n 0 .venv/bin/python benchmarks/decode_throughput.py [--paired --repeats 7]
 """
 
 from __future__ import annotations
@@ -67,6 +74,54 @@ def measure(decode: str, dtype: str, prompts, params, policy, folder: Path, args
     }
 
 
+def paired(dtypes: list[str], prompts, params, policy, folder: Path, args) -> dict:
+    """Every (dtype, decode) path on one adapter version per repeat, in a rotated order; the
+    per-repeat ratios to fp32 ``generate`` (module docstring, ``--paired``)."""
+    arms = [(dtype, decode) for dtype in dtypes for decode in args.decodes]
+    engines = {
+        arm: make_engine(
+            "hf",
+            args.model,
+            dtype=arm[0],
+            max_model_len=256,
+            max_num_seqs=len(prompts),
+            decode=arm[1],
+        )
+        for arm in arms
+    }
+    runs: dict[tuple[str, str], list[dict]] = {arm: [] for arm in arms}
+    try:
+        for engine in engines.values():
+            engine.generate(prompts[:1], SamplingParams(max_tokens=4))
+        for rep in range(args.repeats):
+            adapter = publish(policy, folder, rep + 1)
+            shift = rep % len(arms)
+            for arm in arms[shift:] + arms[:shift]:
+                runs[arm].append(timed_generation(engines[arm], prompts, params, adapter))
+    finally:
+        for engine in engines.values():
+            engine.close()
+    rows: dict = {}
+    base = runs.get(("fp32", "generate"))
+    for (dtype, decode), reps in runs.items():
+        row = rows.setdefault(dtype, {})
+        row[decode] = {
+            "tokens_per_s": statistics.median(r["tokens_per_s"] for r in reps),
+            "per_repeat": reps,
+        }
+        if base is not None and (dtype, decode) != ("fp32", "generate"):
+            ratios = [
+                r["tokens_per_s"] / b["tokens_per_s"] for r, b in zip(reps, base, strict=True)
+            ]
+            row.setdefault("paired_speedup", {})[decode] = {
+                "median": round(statistics.median(ratios), 2),
+                "min": round(min(ratios), 2),
+                "max": round(max(ratios), 2),
+                "per_repeat": [round(x, 2) for x in ratios],
+            }
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(description=__doc__)
     p.add_argument("--model", default=AGENT.model)
@@ -76,7 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--dtypes", type=list[str], default=["fp32", "bf16"])
     p.add_argument("--decodes", type=list[str], default=["generate", "static", "static-cdf"])
+    p.add_argument("--paired", action="store_true", help="one version per repeat for every path")
     args = p.parse_args(argv)
+    if args.paired and ("generate" not in args.decodes or "fp32" not in args.dtypes):
+        p.error("--paired measures every path against fp32 generate: keep both in the lists")
     agent, prompts = demo_prompts(args.model, args.tasks, args.k)
     params = SamplingParams(max_tokens=args.budget, temperature=1.0, ignore_eos=True)
     policy = load_policy(resolve_model(args.model), lora=LoraSettings())
@@ -89,18 +147,23 @@ def main(argv: list[str] | None = None) -> int:
         "torch_threads": torch.get_num_threads(),
         "bf16_supported": cpu_has_native("bf16"),
     }
+    dtypes = []
+    for dtype in args.dtypes:
+        if dtype == "bf16" and not cpu_has_native("bf16"):
+            result[dtype] = {"skipped": "this CPU has no native bf16"}
+        else:
+            dtypes.append(dtype)
     with tempfile.TemporaryDirectory() as tmp:
-        for dtype in args.dtypes:
-            if dtype == "bf16" and not cpu_has_native("bf16"):
-                result[dtype] = {"skipped": "this CPU has no native bf16"}
-                continue
+        measured = paired(dtypes, prompts, params, policy, Path(tmp), args) if args.paired else {}
+        for dtype in dtypes:
             torch_dtype = torch_dtype_of(dtype)
             rates = measure_rates(torch_dtype, shape, len(prompts))
             itemsize = torch.finfo(torch_dtype).bits // 8
             bound = bounds(shape, len(prompts), context, itemsize, rates)
-            row: dict = {"roofline": bound}
+            row: dict = {"roofline": bound, **measured.get(dtype, {})}
             for decode in args.decodes:
-                row[decode] = measure(decode, dtype, prompts, params, policy, Path(tmp), args)
+                if not args.paired:
+                    row[decode] = measure(decode, dtype, prompts, params, policy, Path(tmp), args)
                 row[decode]["generation_roofline_fraction"] = roofline_fraction(
                     row[decode]["tokens_per_s"], bound
                 )
