@@ -28,12 +28,18 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+from entrogym.algos.levers import LEVERS
 from entrogym.commands.demo_runs import parse_run, spec_label
 from entrogym.demo import demo_config, tracking, train_one
 
-COEFFICIENTS = ("zeta", "beta", "eps_high", "kl_coef", "clip_cov_ratio")
-
 CELL_KEYS = ("lr", "iters", "seed", "engine", "engine_dtype", "eval_tasks", "threads")
+
+
+def logged_coefficient(lever: str, row: dict[str, Any]) -> str | None:
+    """The metrics key of ``lever``'s own coefficient (its registered ``Coefficient``'s name),
+    or None where the lever has none or ``row`` (a metrics row) did not log it."""
+    own = getattr(LEVERS.get(lever), "coefficient", None)
+    return own.name if own is not None and row.get(own.name) is not None else None
 
 
 def parse_cell(text: str) -> dict[str, Any]:
@@ -94,9 +100,8 @@ def run_cell(cell: dict[str, Any], out: Path) -> dict[str, Any]:
     entropy = [r.get("entropy_tracked") or r["entropy"] for r in rows_t]
     targets = [r["entropy_target"] for r in rows_t]
     target = filled_targets(targets, entropy)
-    lever = cfg.algo.lever.name
-    coefficient = next((k for k in COEFFICIENTS if rows_t[0].get(k) is not None and
-                        (k != "eps_high" or lever == "clip-high")), None)  # fmt: skip
+    # the lever's own coefficient, as the registry names it (none for the plain presets)
+    coefficient = logged_coefficient(cfg.algo.lever.name, rows_t[0])
     per_iteration = ("clip_frac_high", "zero_adv_groups", "response_tokens_mean", "iteration_s")
     return {
         "name": name,

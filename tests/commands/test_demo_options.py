@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.demo_sweep import cell_name, parse_cell
+from benchmarks.demo_sweep import cell_name, logged_coefficient, parse_cell
 from entrogym.commands.demo import DemoOptions, build_parser
 from entrogym.commands.demo import cli as demo_cli
 from entrogym.commands.demo_runs import parse_run
@@ -86,3 +86,16 @@ def test_the_demo_config_takes_another_sampler_dtype(tmp_path) -> None:
     assert demo_config(algo, tmp_path, 2, 1e-3, 0).engine_dtype == "fp32"
     config = demo_config(algo, tmp_path, 2, 1e-3, 0, engine_dtype="fp16")
     assert (config.engine_dtype, config.dtype) == ("fp16", "fp32")
+
+
+def test_the_sweep_records_each_levers_own_coefficient() -> None:
+    # every lever's coefficient by its registered name, EntroPIC's and AEPO's among them
+    row = {"alpha": -0.2, "temperature": 1.2, "beta": 0.01, "eps_high": 0.28, "zeta": 1e-3}
+    assert logged_coefficient("entropic", row) == "alpha"
+    assert logged_coefficient("aepo", row) == "temperature"
+    assert logged_coefficient("entropy-constraint", row) == "beta"
+    assert logged_coefficient("clip-high", row) == "eps_high"
+    assert logged_coefficient("repo-r", row) == "zeta"
+    # the plain presets have none; a coefficient the row did not log is not claimed
+    assert logged_coefficient("none", row) is None
+    assert logged_coefficient("kl-cov", row) is None
