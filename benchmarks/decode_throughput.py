@@ -55,11 +55,16 @@ def publish(policy, folder: Path, version: int) -> str:
     return str(folder)
 
 
-def measure(decode: str, dtype: str, prompts, params, policy, folder: Path, args) -> dict:
-    t0 = time.perf_counter()
-    engine = make_engine(
+def path_engine(decode: str, dtype: str, prompts, args):
+    """The ``hf`` engine of one decode path and sampler dtype, sized to the batch."""
+    return make_engine(
         "hf", args.model, dtype=dtype, max_model_len=256, max_num_seqs=len(prompts), decode=decode
     )
+
+
+def measure(decode: str, dtype: str, prompts, params, policy, folder: Path, args) -> dict:
+    t0 = time.perf_counter()
+    engine = path_engine(decode, dtype, prompts, args)
     startup = time.perf_counter() - t0
     runs = []
     with engine:
@@ -78,17 +83,7 @@ def paired(dtypes: list[str], prompts, params, policy, folder: Path, args) -> di
     """Every (dtype, decode) path on one adapter version per repeat, in a rotated order; the
     per-repeat ratios to fp32 ``generate`` (module docstring, ``--paired``)."""
     arms = [(dtype, decode) for dtype in dtypes for decode in args.decodes]
-    engines = {
-        arm: make_engine(
-            "hf",
-            args.model,
-            dtype=arm[0],
-            max_model_len=256,
-            max_num_seqs=len(prompts),
-            decode=arm[1],
-        )
-        for arm in arms
-    }
+    engines = {(dtype, decode): path_engine(decode, dtype, prompts, args) for dtype, decode in arms}
     runs: dict[tuple[str, str], list[dict]] = {arm: [] for arm in arms}
     try:
         for engine in engines.values():
