@@ -76,10 +76,10 @@ def patch_decoder() -> None:
     # The one-token branch of StaticDecoder._forward with the compiled pieces swapped in; it
     # is mirrored here, not factored out of the decoder, so that the rollouts' own step stays
     # as it is for a lever that was measured and not adopted.
-    def forward(self, ids, positions, mask, start):
+    def forward(self, ids, positions, mask, start, valid=None):
         b, t = ids.shape
         if t != 1:
-            return eager(self, ids, positions, mask, start)
+            return eager(self, ids, positions, mask, start, valid)
         h, kvh, d = self.heads, self.kv_heads, self.head_dim
         x = F.embedding(ids, self.embed)
         cos, sin = self.rotary(x, positions)
@@ -97,11 +97,12 @@ def patch_decoder() -> None:
 
     static_decode.StaticDecoder._forward = forward
     # the pieces multiply input-major tensors: the decoder's unpacked layout (the oneDNN-packed
-    # one is an opaque tensor inductor does not take as an input)
+    # one is an opaque tensor inductor does not take as an input), and attend over the cache's
+    # keys as [B, G, C, d]: not the fused kernel's transposed keys
     init = static_decode.StaticDecoder.__init__
 
-    def unpacked(self, net, adapter, packed=None):
-        init(self, net, adapter, packed=False)
+    def unpacked(self, net, adapter, packed=None, fused_attention=None):
+        init(self, net, adapter, packed=False, fused_attention=False)
 
     static_decode.StaticDecoder.__init__ = unpacked
 

@@ -21,12 +21,18 @@ same repeat* (``paired_speedup``, with its range), so that a shift of the host's
 one path's calls and another's (10-20 % between runs here) cancels instead of entering the
 ratio.
 
+A decode path named ``PATH+torch-attention`` (``static-cdf+torch-attention``) is PATH with the
+static decoder's attention kernel turned off for its calls (``ENTROGYM_DECODE_KERNEL=0``:
+torch's attention), to measure what the kernel buys in the same run.
+
     nice -n 0 .venv/bin/python benchmarks/decode_throughput.py [--paired --repeats 7]
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -55,11 +61,37 @@ def publish(policy, folder: Path, version: int) -> str:
     return str(folder)
 
 
+TORCH_ATTENTION = "+torch-attention"
+
+
 def path_engine(decode: str, dtype: str, prompts, args):
     """The ``hf`` engine of one decode path and sampler dtype, sized to the batch."""
     return make_engine(
-        "hf", args.model, dtype=dtype, max_model_len=256, max_num_seqs=len(prompts), decode=decode
+        "hf",
+        args.model,
+        dtype=dtype,
+        max_model_len=256,
+        max_num_seqs=len(prompts),
+        decode=decode.removesuffix(TORCH_ATTENTION),
     )
+
+
+@contextlib.contextmanager
+def attention_of(decode: str):
+    """The scope of one call of path ``decode``: the attention kernel off for a
+    ``+torch-attention`` path (the decoder reads the switch when it merges a new version)."""
+    if not decode.endswith(TORCH_ATTENTION):
+        yield
+        return
+    before = os.environ.get("ENTROGYM_DECODE_KERNEL")
+    os.environ["ENTROGYM_DECODE_KERNEL"] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["ENTROGYM_DECODE_KERNEL"]
+        else:
+            os.environ["ENTROGYM_DECODE_KERNEL"] = before
 
 
 def measure(decode: str, dtype: str, prompts, params, policy, folder: Path, args) -> dict:
@@ -67,7 +99,7 @@ def measure(decode: str, dtype: str, prompts, params, policy, folder: Path, args
     engine = path_engine(decode, dtype, prompts, args)
     startup = time.perf_counter() - t0
     runs = []
-    with engine:
+    with engine, attention_of(decode):
         engine.generate(prompts[:1], SamplingParams(max_tokens=4))
         for rep in range(args.repeats):
             adapter = publish(policy, folder, rep + 1)
@@ -86,13 +118,15 @@ def paired(dtypes: list[str], prompts, params, policy, folder: Path, args) -> di
     engines = {(dtype, decode): path_engine(decode, dtype, prompts, args) for dtype, decode in arms}
     runs: dict[tuple[str, str], list[dict]] = {arm: [] for arm in arms}
     try:
-        for engine in engines.values():
-            engine.generate(prompts[:1], SamplingParams(max_tokens=4))
+        for (_, decode), engine in engines.items():
+            with attention_of(decode):
+                engine.generate(prompts[:1], SamplingParams(max_tokens=4))
         for rep in range(args.repeats):
             adapter = publish(policy, folder, rep + 1)
             shift = rep % len(arms)
             for arm in arms[shift:] + arms[:shift]:
-                runs[arm].append(timed_generation(engines[arm], prompts, params, adapter))
+                with attention_of(arm[1]):
+                    runs[arm].append(timed_generation(engines[arm], prompts, params, adapter))
     finally:
         for engine in engines.values():
             engine.close()

@@ -6,8 +6,9 @@ dropout call per projection) and grows a dynamic cache: thousands of small ops p
 the adapter is merged into a sampling copy of the weights once per adapter version
 (``W + scaling * B A``, computed by peft's own ``get_delta_weight``, so its scaling, rank and
 alpha patterns and ``fan_in_fan_out`` hold), q/k/v and gate/up are each one matmul, the KV
-cache is allocated once for the batch, and identical prompts (the K samples of one task) are
-prefilled once.
+cache is allocated once for the batch, identical prompts (the K samples of one task) are
+prefilled once, and on CPU a decode step's attention is one call of a C++ kernel for the whole
+batch (:mod:`decode_kernel`; the keys are then cached transposed).
 
 Sampling repeats ``generate``'s: the same logits processors (temperature, top-k, top-p, from
 ``transformers``), one ``torch.multinomial`` over every row per step (finished rows too, so
@@ -32,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from entrogym import onednn
+from entrogym.agents.engines import decode_kernel
 from entrogym.agents.engines.base import SamplingParams
 
 
@@ -200,10 +202,16 @@ class StaticDecoder:
     plain or inside peft; ``adapter``: the peft adapter name to merge, None = the base)."""
 
     def __init__(
-        self, net: torch.nn.Module, adapter: str | None, packed: bool | None = None
+        self,
+        net: torch.nn.Module,
+        adapter: str | None,
+        packed: bool | None = None,
+        fused_attention: bool | None = None,
     ) -> None:
         """``packed``: store the projections packed for oneDNN (:class:`Projection`); None
-        packs wherever oneDNN runs (:func:`entrogym.onednn.supported`)."""
+        packs wherever oneDNN runs (:func:`entrogym.onednn.supported`). ``fused_attention``:
+        a decode step's attention by the C++ kernel (:mod:`decode_kernel`), with the keys
+        cached transposed; None takes it wherever it runs (:func:`decode_kernel.supports`)."""
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
         get_base = getattr(net, "get_base_model", None)
@@ -218,6 +226,11 @@ class StaticDecoder:
             packed = onednn.supported(self.device, self.dtype)
         fp32_cpu = self.device.type == "cpu" and self.dtype == torch.float32
         self.step_attention = step_attention if fp32_cpu else sdpa_step
+        if fused_attention is None:
+            group = (self.heads // self.kv_heads, self.head_dim)
+            fused_attention = decode_kernel.supports(self.device, self.dtype, *group)
+        # the kernel reads keys as [d, C] per (row, kv head): 16 keys' scores per load
+        self.fused_attention = fused_attention
         self.norm = lm.model.norm
         self.rotary = lm.model.rotary_emb
         self.rope = apply_rotary_pos_emb
@@ -248,30 +261,47 @@ class StaticDecoder:
     # ----- the forward ---------------------------------------------------------------------
 
     def _forward(
-        self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, start: int
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        start: int,
+        valid: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Last-position logits (fp32) of ``ids`` [B, T] written at cache columns
-        ``start:start + T``; ``mask`` [B, 1, T, start + T] says which columns each query sees."""
+        ``start:start + T``; ``mask`` [B, 1, T, start + T] says which columns each query sees
+        (for one-token steps, ``valid`` [B, C] says it for every cache column: the fused
+        kernel's form)."""
         b, t = ids.shape
         h, kvh, d = self.heads, self.kv_heads, self.head_dim
         x = F.embedding(ids, self.embed)
         cos, sin = self.rotary(x, positions)
         end = start + t
+        fused = self.fused_attention
         for layer, (k_cache, v_cache) in zip(self.layers, self._cache, strict=True):
             q, k, v = layer.qkv(layer.ln_in(x)).split([h * d, kvh * d, kvh * d], -1)
             q = q.view(b, t, h, d).transpose(1, 2)
             k = k.view(b, t, kvh, d).transpose(1, 2)
             q, k = self.rope(q, k, cos, sin)
-            k_cache[:, :, start:end] = k
+            if fused:
+                k_cache[:, :, :, start:end] = k.transpose(-1, -2)
+            else:
+                k_cache[:, :, start:end] = k
             v_cache[:, :, start:end] = v.view(b, t, kvh, d).transpose(1, 2)
-            keys, values = k_cache[:, :, :end], v_cache[:, :, :end]
             if t == 1:  # one query per row: each kv head's query group as its query rows
                 group = q.reshape(b, kvh, h // kvh, d)
-                out = self.step_attention(group, keys, values, mask).reshape(b, 1, h * d)
+                if fused and valid is not None:
+                    out = decode_kernel.attention(group, k_cache, v_cache, valid, end)
+                else:
+                    out = self.step_attention(
+                        group, self._keys(k_cache, end), v_cache[:, :, :end], mask
+                    )
+                out = out.reshape(b, 1, h * d)
             else:
                 out = F.scaled_dot_product_attention(
-                    q, keys, values, attn_mask=mask, enable_gqa=h != kvh
-                )
+                    q, self._keys(k_cache, end), v_cache[:, :, :end], attn_mask=mask,
+                    enable_gqa=h != kvh,
+                )  # fmt: skip
                 out = out.transpose(1, 2).reshape(b, t, h * d)
             x = x + layer.o(out)
             gate, up = layer.gate_up(layer.ln_post(x)).chunk(2, -1)
@@ -280,6 +310,11 @@ class StaticDecoder:
         if isinstance(self.head, Projection):
             return self.head(last).float()
         return (self.head @ last.T).T.float().contiguous()
+
+    def _keys(self, k_cache: torch.Tensor, end: int) -> torch.Tensor:
+        """The cache's first ``end`` keys as [B, G, end, d] (a view of the transposed cache
+        where the fused kernel is used)."""
+        return k_cache[..., :end].transpose(-1, -2) if self.fused_attention else k_cache[:, :, :end]
 
     def _prefill(self, prompts: list[list[int]], pad: int, columns: int) -> torch.Tensor:
         """Allocate the cache for ``len(prompts)`` rows of ``columns`` tokens, left-pad and
@@ -299,9 +334,13 @@ class StaticDecoder:
         # padding queries see themselves, so that no row of the softmax is empty
         mask = (causal & valid[:, None, :]) | torch.eye(width, dtype=torch.bool, device=self.device)
         shape = (len(distinct), self.kv_heads, columns, self.head_dim)
+        if self.fused_attention:  # keys transposed, [d, C] per (row, kv head)
+            key_shape = (len(distinct), self.kv_heads, self.head_dim, columns)
+        else:
+            key_shape = shape
         like = {"dtype": self.dtype, "device": self.device}
         self._cache = [
-            (torch.zeros(shape, **like), torch.zeros(shape, **like)) for _ in self.layers
+            (torch.zeros(key_shape, **like), torch.zeros(shape, **like)) for _ in self.layers
         ]
         logits = self._forward(ids, positions, mask[:, None], 0)
         pick = torch.tensor([row_of[tuple(p)] for p in prompts], device=self.device)
@@ -351,7 +390,7 @@ class StaticDecoder:
             column = width + step
             valid[:, column] = True
             mask = valid[:, None, None, : column + 1]
-            logits = self._forward(token[:, None], (lengths + step)[:, None], mask, column)
+            logits = self._forward(token[:, None], (lengths + step)[:, None], mask, column, valid)
         self._cache = []
         return torch.stack(tokens, 1), torch.stack(logprobs, 1)
 
