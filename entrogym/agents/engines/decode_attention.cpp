@@ -4,7 +4,7 @@
 //
 // Why: at a decode step's shapes (24 rows, 3 query rows per kv head, 64-wide heads, ~100 keys)
 // torch's attention is a few tiny matmuls per (row, head), and its CPU kernels spend most of
-// their time outside the arithmetic (docs/performance.md). Here one (row, kv head) is one work
+// their time outside the arithmetic (docs/rollouts.md). Here one (row, kv head) is one work
 // item: its queries' scores for 16 keys at a time stay in registers while the head dimension is
 // summed (the keys are cached transposed, [d, C], so a block of 16 keys is one load), the softmax
 // is exact up to fp32 rounding, and the weighted sum of values keeps the R x d output in
