@@ -37,6 +37,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 from demo_workload import AGENT, demo_prompts
@@ -76,22 +77,12 @@ def path_engine(decode: str, dtype: str, prompts, args):
     )
 
 
-@contextlib.contextmanager
-def attention_of(decode: str):
+def attention_of(decode: str) -> contextlib.AbstractContextManager:
     """The scope of one call of path ``decode``: the attention kernel off for a
     ``+torch-attention`` path (the decoder reads the switch when it merges a new version)."""
     if not decode.endswith(TORCH_ATTENTION):
-        yield
-        return
-    before = os.environ.get("ENTROGYM_DECODE_KERNEL")
-    os.environ["ENTROGYM_DECODE_KERNEL"] = "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["ENTROGYM_DECODE_KERNEL"]
-        else:
-            os.environ["ENTROGYM_DECODE_KERNEL"] = before
+        return contextlib.nullcontext()
+    return mock.patch.dict(os.environ, {"ENTROGYM_DECODE_KERNEL": "0"})
 
 
 def measure(decode: str, dtype: str, prompts, params, policy, folder: Path, args) -> dict:

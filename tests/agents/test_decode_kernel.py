@@ -118,6 +118,14 @@ def test_threads_do_not_change_the_result():
     assert torch.equal(one, two)  # one (row, head) is one thread's work
 
 
+@pytest.mark.parametrize(("rows", "d"), sorted(decode_kernel.SHAPES))
+def test_every_shape_it_claims_is_compiled(rows, d):
+    """``SHAPES`` repeats the source's list of compiled shapes: each one runs."""
+    q, k, v, valid = _case(rows, d, 17, torch.float32)
+    got = _kernel(q, k, v, valid, 17)
+    torch.testing.assert_close(got.double(), _reference(q, k, v, valid, 17), rtol=1e-5, atol=2e-6)
+
+
 def test_bad_input_is_refused_in_one_line():
     q, k, v, valid = _case(3, 64, 16, torch.float32)
     with pytest.raises(RuntimeError, match="end out of range"):
