@@ -23,7 +23,9 @@ ratio.
 
 A decode path named ``PATH+torch-attention`` (``static-cdf+torch-attention``) is PATH with the
 static decoder's attention kernel turned off for its calls (``ENTROGYM_DECODE_KERNEL=0``:
-torch's attention), to measure what the kernel buys in the same run.
+torch's attention), to measure what the kernel buys in the same run; ``PATH+no-shared-prefix``
+is PATH with every distinct prompt prefilled whole (no prompt opening prefilled once). The
+suffixes combine.
 
     nice -n 0 .venv/bin/python benchmarks/decode_throughput.py [--paired --repeats 7]
 """
@@ -44,7 +46,7 @@ from demo_workload import AGENT, demo_prompts
 from jsonargparse import ArgumentParser
 from roofline import DecodeShape, bounds, measure_rates, roofline_fraction, timed_generation
 
-from entrogym.agents.engines import SamplingParams, make_engine
+from entrogym.agents.engines import SamplingParams, make_engine, static_decode
 from entrogym.dtypes import cpu_has_native
 from entrogym.dtypes import torch_dtype as torch_dtype_of
 from entrogym.models import resolve_model
@@ -63,6 +65,13 @@ def publish(policy, folder: Path, version: int) -> str:
 
 
 TORCH_ATTENTION = "+torch-attention"
+NO_SHARED_PREFIX = "+no-shared-prefix"
+
+
+def base_decode(decode: str) -> str:
+    """The engine's decode path of a benchmark path (``static-cdf+torch-attention``:
+    ``static-cdf``)."""
+    return decode.split("+", 1)[0]
 
 
 def path_engine(decode: str, dtype: str, prompts, args):
@@ -73,16 +82,20 @@ def path_engine(decode: str, dtype: str, prompts, args):
         dtype=dtype,
         max_model_len=256,
         max_num_seqs=len(prompts),
-        decode=decode.removesuffix(TORCH_ATTENTION),
+        decode=base_decode(decode),
     )
 
 
 def attention_of(decode: str) -> contextlib.AbstractContextManager:
     """The scope of one call of path ``decode``: the attention kernel off for a
-    ``+torch-attention`` path (the decoder reads the switch when it merges a new version)."""
-    if not decode.endswith(TORCH_ATTENTION):
-        return contextlib.nullcontext()
-    return mock.patch.dict(os.environ, {"ENTROGYM_DECODE_KERNEL": "0"})
+    ``+torch-attention`` path (the decoder reads the switch when it merges a new version), and
+    every prompt prefilled whole for a ``+no-shared-prefix`` path."""
+    scope = contextlib.ExitStack()
+    if TORCH_ATTENTION in decode:
+        scope.enter_context(mock.patch.dict(os.environ, {"ENTROGYM_DECODE_KERNEL": "0"}))
+    if NO_SHARED_PREFIX in decode:
+        scope.enter_context(mock.patch.object(static_decode, "shared_prefix", return_value=0))
+    return scope
 
 
 def measure(decode: str, dtype: str, prompts, params, policy, folder: Path, args) -> dict:

@@ -169,10 +169,9 @@ def test_bf16_decode_steps_match_torchs_attention():
     logits = {}
     for fused, decoder in _decoders(torch.bfloat16).items():
         width, steps = max(len(p) for p in PROMPTS), 6
-        first = decoder._prefill(PROMPTS, 0, width + steps)
+        first, prompt_columns = decoder._prefill(PROMPTS, 0, width + steps)
         valid = torch.zeros(len(PROMPTS), width + steps, dtype=torch.bool)
-        for row, p in enumerate(PROMPTS):
-            valid[row, width - len(p) : width] = True
+        valid[:, :width] = prompt_columns
         lengths = torch.tensor([len(p) for p in PROMPTS])
         rows = [first]
         for step in range(steps - 1):

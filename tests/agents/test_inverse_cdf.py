@@ -13,8 +13,8 @@ import torch
 from forced_logprobs import teacher_forced_logprobs
 from scipy.stats import chisquare
 
-from entrogym.agents.engines import SamplingParams, make_engine, static_decode
-from entrogym.agents.engines.static_decode import inverse_cdf_draw
+from entrogym.agents.engines import SamplingParams, draws, make_engine
+from entrogym.agents.engines.draws import inverse_cdf_draw
 from entrogym.models import resolve_model
 
 
@@ -45,11 +45,11 @@ def test_rows_of_many_blocks_draw_the_index_an_exact_scan_gives():
     from fractions import Fraction
     from itertools import accumulate
 
-    width = 3 * static_decode.CDF_BLOCK + 77
+    width = 3 * draws.CDF_BLOCK + 77
     gen = torch.Generator().manual_seed(2)
     probs = torch.rand(16, width, generator=gen) ** 6
-    probs[:, : static_decode.CDF_BLOCK] = 0.0  # the first block has no mass
-    probs[::3, 2 * static_decode.CDF_BLOCK : 3 * static_decode.CDF_BLOCK] = 0.0
+    probs[:, : draws.CDF_BLOCK] = 0.0  # the first block has no mass
+    probs[::3, 2 * draws.CDF_BLOCK : 3 * draws.CDF_BLOCK] = 0.0
     torch.manual_seed(3)
     got = inverse_cdf_draw(probs)
     torch.manual_seed(3)
@@ -88,7 +88,7 @@ def test_the_extreme_uniforms_never_draw_zero_mass(monkeypatch, uniform, want):
     )
     fixed = torch.rand  # the draw's uniforms, pinned at the ends of [0, 1)
     monkeypatch.setattr(
-        static_decode.torch, "rand", lambda *a, **kw: torch.full_like(fixed(*a, **kw), uniform)
+        draws.torch, "rand", lambda *a, **kw: torch.full_like(fixed(*a, **kw), uniform)
     )
     assert inverse_cdf_draw(probs).tolist() == want
 

@@ -7,14 +7,22 @@ from __future__ import annotations
 import copy
 import logging
 import os
+from unittest import mock
 
 import pytest
 import torch
 from lora_policy import randomise_lora_b
 
 from entrogym import onednn
-from entrogym.agents.engines import SamplingParams, make_engine
-from entrogym.agents.engines.static_decode import StaticDecoder, sdpa_step, step_attention
+from entrogym.agents.engines import SamplingParams, make_engine, static_decode
+from entrogym.agents.engines.static_decode import (
+    StaticDecoder,
+    rms_norm,
+    rotate,
+    sdpa_step,
+    shared_prefix,
+    step_attention,
+)
 from entrogym.models import resolve_model
 from entrogym.train.learner.policy import LoraSettings, load_policy, save_adapter
 
@@ -31,13 +39,13 @@ def _engine(decode: str, model: str = "tiny-random-llama"):
     return make_engine("hf", model, dtype="fp32", max_model_len=64, decode=decode)
 
 
-def _sample(decode: str, params, adapter=None, history=(), seed: int = 0):
-    """Completions of PROMPTS in a seeded scope, after sampling with each of ``history``."""
+def _sample(decode: str, params, adapter=None, history=(), seed: int = 0, prompts=PROMPTS):
+    """Completions of ``prompts`` in a seeded scope, after sampling with each of ``history``."""
     with _engine(decode) as engine:
         for used in history:
-            engine.generate(PROMPTS, SETTINGS[0], adapter=used)
+            engine.generate(prompts, SETTINGS[0], adapter=used)
         with engine.seeded(seed):
-            return engine.generate(PROMPTS, params, adapter=adapter)
+            return engine.generate(prompts, params, adapter=adapter)
 
 
 def _save(policy, folder, seed: int) -> str:
@@ -68,6 +76,53 @@ def test_static_samples_what_generate_samples(adapters, params, with_adapter):
     static = _sample("static", params, adapter)
     _assert_same(static, generated)
     assert len({tuple(c.token_ids) for c in static}) > 1  # rows differ: a real sample
+
+
+# a system prompt's worth of shared opening, then prompts of different lengths, one repeated
+SHARED = [1, 5, 9, 13, 2, 6, 6, 3]
+PREFIXED = [SHARED + [7], SHARED + [4, 4, 8, 3, 11], SHARED + [2, 9], SHARED + [7]]
+
+
+@pytest.mark.parametrize("decode", ["static", "static-cdf"])
+def test_a_shared_prefix_prefilled_once_samples_what_generate_samples(adapters, decode):
+    """Prompts that share their opening (prefilled once, as one row, then copied to every
+    row): the same tokens as ``generate`` under a seed (``static``), and for ``static-cdf``,
+    whose draw is not generate's, the same tokens as its own path without the sharing."""
+    reference = "generate" if decode == "static" else decode
+    if decode == "static":
+        expected = _sample(reference, SETTINGS[0], adapters[0], prompts=PREFIXED)
+    else:
+        with mock.patch.object(static_decode, "shared_prefix", return_value=0):
+            expected = _sample(reference, SETTINGS[0], adapters[0], prompts=PREFIXED)
+    shared = _sample(decode, SETTINGS[0], adapters[0], prompts=PREFIXED)
+    _assert_same(shared, expected)
+
+
+def test_shared_prefix_leaves_every_prompt_a_token_of_its_own():
+    assert shared_prefix([tuple(p) for p in PREFIXED[:3]]) == len(SHARED)
+    assert shared_prefix([(1, 2, 3), (1, 2, 3, 4)]) == 2  # the shorter keeps its last token
+    assert shared_prefix([(1, 2), (3, 2)]) == 0
+    assert shared_prefix([(1, 2, 3)]) == 0  # one prompt: nothing to share
+
+
+def test_rms_norm_and_rotate_compute_llamas_modules():
+    """The decoder's fused norm and its joint rotation of queries and keys compute what
+    ``transformers``' LlamaRMSNorm and ``apply_rotary_pos_emb`` compute."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
+
+    gen = torch.Generator().manual_seed(0)
+    norm = LlamaRMSNorm(32, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(32, generator=gen))
+    x = torch.randn(3, 5, 32, generator=gen)
+    torch.testing.assert_close(rms_norm(x, norm), norm(x), rtol=1e-6, atol=1e-6)
+    q, k = torch.randn(3, 5, 4, 16, generator=gen), torch.randn(3, 5, 2, 16, generator=gen)
+    angles = torch.rand(3, 5, 8, generator=gen) * 6
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    rq, rk = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+    joint = rotate(torch.cat([q, k], 2), cos, sin)
+    torch.testing.assert_close(joint[:, :, :4], rq.transpose(1, 2), rtol=0, atol=1e-6)
+    torch.testing.assert_close(joint[:, :, 4:], rk.transpose(1, 2), rtol=0, atol=1e-6)
 
 
 def test_the_adapter_changes_the_static_samples(adapters):

@@ -24,9 +24,9 @@ import torch
 from entrogym.agents.engines import DECODE_PATHS
 from entrogym.agents.engines.adapter_slots import load_into_slot
 from entrogym.agents.engines.base import Completion, Engine, SamplingParams, engine_dtype
+from entrogym.agents.engines.draws import STATIC_DRAWS
 from entrogym.agents.engines.shared_weights import model_on_tensors
 from entrogym.agents.engines.static_decode import (
-    STATIC_DRAWS,
     StaticDecoder,
     adapter_unsupported_reason,
     unsupported_reason,
