@@ -27,7 +27,11 @@ loop (``--max-staleness 1``) runs the rollout side (generation and env) on ``r``
 the learner (scoring, forward, backward, optimizer, publish) on ``n - r``; an iteration takes
 the slower side. The report gives the best integer split under the model and the split
 ``entrogym.train.sampler.threads.balanced_split`` (``--thread-split cost``) picks from the
-sides' measured 1-thread core-seconds.
+sides' measured 1-thread core-seconds. For ``--thread-split elastic`` (the default: the even
+shares while both sides run, every core to the update once the rollouts end) an iteration is
+the rollout side's ``R`` on its share, then what the update has left on all ``n`` threads:
+``R + (1 - R / L(n - r)) L(n)`` where the update, ``L(k)`` seconds on ``k`` threads, is
+longer than ``R`` (its work taken as evenly divisible), else ``R``.
 """
 
 from __future__ import annotations
@@ -97,6 +101,15 @@ def project(
         learner = side_seconds(phase_fits, LEARNER + other, cores - rollout_threads)
         return max(rollout, learner)
 
+    def elastic(rollout_threads: int) -> float:
+        # both sides on their shares until the rollouts end; the update's remaining work then
+        # runs on every core (``--thread-split elastic``), its work taken as evenly divisible
+        rollout = side_seconds(phase_fits, ROLLOUT, rollout_threads, generation_floor_s)
+        shared = side_seconds(phase_fits, LEARNER + other, cores - rollout_threads)
+        if shared <= rollout:
+            return rollout
+        return rollout + (1 - rollout / shared) * side_seconds(phase_fits, LEARNER + other, cores)
+
     best = min(range(1, cores), key=iteration)
     picked, _ = balanced_split(
         cores, side_seconds(phase_fits, ROLLOUT, 1), side_seconds(phase_fits, LEARNER + other, 1)
@@ -109,6 +122,9 @@ def project(
         async_best_split=[best, cores - best],
         async_best_s=round(iteration(best), 2),
         async_cost_vs_sync=round(sync / iteration(picked), 3),
+        async_elastic_split=[even, cores - even],
+        async_elastic_s=round(elastic(even), 2),
+        async_elastic_vs_sync=round(sync / elastic(even), 3),
     )
     return out
 
@@ -149,15 +165,16 @@ def sweep(report_1: dict[str, Any], report_2: dict[str, Any]) -> dict[str, Any]:
 def table(result: dict[str, Any]) -> str:
     """Markdown: cores, sync, async (cost split), the split, with and without the floor."""
     lines = [
-        "| cores | sync s | async s (cost split) | split r+l | async/sync | sync s, "
-        "read floor | async s, read floor |",
-        "|---|---|---|---|---|---|---|",
+        "| cores | sync s | async s (cost split) | split r+l | async/sync | async s (elastic) "
+        "| async/sync (elastic) | sync s, read floor | async s, read floor |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for free, floored in zip(result["projection"], result["projection_with_floor"], strict=True):
         split = "+".join(map(str, free.get("async_cost_split", []))) or "-"
         lines.append(
             f"| {free['cores']} | {free['sync_s']} | {free.get('async_cost_s', '-')} | {split} "
-            f"| {free.get('async_cost_vs_sync', '-')} | {floored['sync_s']} "
+            f"| {free.get('async_cost_vs_sync', '-')} | {free.get('async_elastic_s', '-')} "
+            f"| {free.get('async_elastic_vs_sync', '-')} | {floored['sync_s']} "
             f"| {floored.get('async_cost_s', '-')} |"
         )
     return "\n".join(lines)

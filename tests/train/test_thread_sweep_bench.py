@@ -67,6 +67,24 @@ def test_the_projection_against_hand_sums() -> None:
     assert by_cores[16]["async_best_split"] == [best, 16 - best]
 
 
+def test_the_elastic_split_against_hand_sums() -> None:
+    """Even shares while both sides run, then the update's remaining work on every core."""
+    by_cores = {row["cores"]: row for row in thread_sweep.sweep(*_reports())["projection"]}
+    # on 2: rollout 13 s on 1 thread beside the update's 18 s on 1 thread (13/18 of it done),
+    # the other 5/18 on 2 threads (2 + 16/2 = 10 s for all of it)
+    assert by_cores[2]["async_elastic_split"] == [1, 1]
+    assert by_cores[2]["async_elastic_s"] == pytest.approx(13 + (1 - 13 / 18) * 10, abs=0.01)
+    sync = by_cores[2]["sync_s"]
+    assert by_cores[2]["async_elastic_vs_sync"] == pytest.approx(sync / (13 + 50 / 18), abs=1e-3)
+    # on 4: rollout 1 + 12/2 = 7 s, the update 2 + 16/2 = 10 s on 2, then 2 + 4 = 6 s on 4
+    assert by_cores[4]["async_elastic_s"] == pytest.approx(7 + (1 - 7 / 10) * 6, abs=0.01)
+    # an update shorter than the rollouts waits for them: the iteration is the rollout side
+    fast = thread_sweep.fits(
+        {"generation": 40.0, "forward": 2.0}, {"generation": 20.0, "forward": 1.0}
+    )
+    assert thread_sweep.project(fast, 2)["async_elastic_s"] == pytest.approx(40.0)
+
+
 def test_the_read_floor_holds_generation_up() -> None:
     result = thread_sweep.sweep(*_reports())
     assert result["generation_floor_s"] == pytest.approx(2.0)  # 1200 tokens at 600 tokens/s
