@@ -15,9 +15,9 @@ Sampling repeats ``generate``'s: the same logits processors (temperature, top-k,
 ``transformers``), one ``torch.multinomial`` over every row per step (finished rows too, so
 the random stream moves as ``generate``'s does and a seed gives the same tokens), finished
 rows padded, and each recorded log-prob is ``log_softmax`` of the raw logits at the sampled id.
-``decode="static-cdf"`` replaces only the draw (:mod:`draws`): ``inverse_cdf_draw`` takes one uniform per
-row instead of ``multinomial``'s one exponential per vocabulary entry per row (at SmolLM2's
-49,152 entries and 24 rows, ~40 ms of a CPU decode step against ~1 ms). The distribution is the
+``decode="static-cdf"`` replaces only the draw (:mod:`draws`): ``inverse_cdf_draw`` takes one
+uniform per row instead of ``multinomial``'s one exponential per vocabulary entry per row (at
+SmolLM2's 49,152 entries and 24 rows, ~40 ms of a CPU decode step against ~1 ms). The distribution is the
 same; the random stream, and so the tokens a seed gives, are not ``generate``'s.
 
 Only Llama-style decoders run here (:func:`unsupported_reason` says why a model does not);
@@ -271,8 +271,8 @@ class StaticDecoder:
                 out = out.reshape(b, 1, h * d)
             else:
                 out = F.scaled_dot_product_attention(
-                    q.transpose(1, 2), self._keys(k_cache, end), v_cache[:, :, :end], attn_mask=mask,
-                    enable_gqa=h != kvh,
+                    q.transpose(1, 2), self._keys(k_cache, end), v_cache[:, :, :end],
+                    attn_mask=mask, enable_gqa=h != kvh,
                 )  # fmt: skip
                 out = out.transpose(1, 2).reshape(b, t, h * d)
             x = x + layer.o(out)
