@@ -6,6 +6,7 @@ setup), so a build that fails fails these tests instead of skipping them."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -191,6 +192,23 @@ def test_the_decoder_takes_the_kernel_on_cpu_by_default(monkeypatch):
     assert StaticDecoder(policy, policy.active_adapter).fused_attention is True
     monkeypatch.setenv("ENTROGYM_DECODE_KERNEL", "0")
     assert StaticDecoder(policy, policy.active_adapter).fused_attention is False
+
+
+def test_a_first_build_says_so_once_where_nothing_logs_info(monkeypatch, tmp_path, caplog):
+    """The minute a first build takes is announced at WARNING (an application that configures
+    no logging shows only warnings); loading a kernel already built says nothing."""
+    import torch.utils.cpp_extension as cpp_extension
+
+    def fake_load(name, build_directory, **kwargs):
+        Path(build_directory, f"{name}.so").touch()  # what a build leaves
+        return object()
+
+    monkeypatch.setattr(cpp_extension, "load", fake_load)
+    with caplog.at_level(logging.WARNING):
+        decode_kernel._load(tmp_path, "k")
+        decode_kernel._load(tmp_path, "k")
+    said = [r for r in caplog.records if "building the decode-attention kernel" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING
 
 
 def test_a_kernel_that_does_not_build_falls_back_with_one_warning(monkeypatch, tmp_path, caplog):

@@ -126,9 +126,11 @@ def _load(folder: Path, key: str) -> Any:
 
     name = f"entrogym_decode_attention_{key}"
     fresh = not any(folder.glob(f"{name}*.so"))
-    if fresh:
-        log.info(
-            "entrogym: building the decode-attention kernel once in %s (about a minute)", folder
+    if fresh:  # a warning, so that the minute's pause is explained where nothing logs INFO
+        log.warning(
+            "entrogym: building the decode-attention kernel once per machine in %s (about a "
+            "minute)",
+            folder,
         )
     start = time.perf_counter()
     kernel = load(
