@@ -17,8 +17,9 @@ the random stream moves as ``generate``'s does and a seed gives the same tokens)
 rows padded, and each recorded log-prob is ``log_softmax`` of the raw logits at the sampled id.
 ``decode="static-cdf"`` replaces only the draw (:mod:`draws`): ``inverse_cdf_draw`` takes one
 uniform per row instead of ``multinomial``'s one exponential per vocabulary entry per row (at
-SmolLM2's 49,152 entries and 24 rows, ~40 ms of a CPU decode step against ~1 ms). The distribution is the
-same; the random stream, and so the tokens a seed gives, are not ``generate``'s.
+SmolLM2's 49,152 entries and 24 rows, ~40 ms of a CPU decode step against ~1 ms). The
+distribution is the same; the random stream, and so the tokens a seed gives, are not
+``generate``'s.
 
 Only Llama-style decoders run here (:func:`unsupported_reason` says why a model does not);
 the engine samples the others with ``generate``.
