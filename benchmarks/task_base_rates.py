@@ -96,6 +96,11 @@ for _name in RG_DATASETS:
         REASONING_GYM,
         {"dataset": _name, "size": 100, "test_size": 40, "seed": 0},
     )
+    # graded as Arithmetic-v0 is: the last number counts where nothing is tagged or boxed
+    CANDIDATES[f"rg-{_name}-bare"] = (
+        REASONING_GYM,
+        {"dataset": _name, "size": 100, "test_size": 40, "seed": 0, "bare_number": True},
+    )
 
 
 def main() -> None:

@@ -25,6 +25,7 @@ __all__ = [
     "as_number",
     "extract_answer",
     "fast_verdict",
+    "last_number",
     "minerva_final_answer",
     "normalize_answer",
 ]
@@ -138,11 +139,14 @@ def extract_answer(response: str, *, allow_bare_number: bool = False) -> str | N
     phrase = _final_answer_phrase(response)
     if phrase is not None:
         return phrase
-    if allow_bare_number:
-        numbers = _NUMBER_RE.findall(response)
-        if numbers:
-            return numbers[-1].rstrip(",")
-    return None
+    return last_number(response) if allow_bare_number else None
+
+
+def last_number(text: str) -> str | None:
+    """The last number written in ``text`` (digits, with a sign, thousands commas and a
+    decimal part), or None: the answer of a model too small to box or tag it."""
+    numbers = _NUMBER_RE.findall(text)
+    return numbers[-1].rstrip(",") if numbers else None
 
 
 def normalize_answer(answer: str) -> str:

@@ -9,6 +9,10 @@ used.
 - The prompt is the entry's question followed by reasoning-gym's own answer convention:
   the final answer between ``<answer>`` and ``</answer>``. A ``\\boxed{}`` answer is accepted
   too (when there is no ``<answer>`` tag).
+- ``bare_number=True`` (off by default: it changes what is graded) also takes the response's
+  last number as its answer when it has neither a tag nor a box, as ``Arithmetic-v0`` does:
+  a 135M model rarely tags its answer, so on a dataset with numeric answers this is what puts
+  the task within its reach. Where an answer is not a number it never matches.
 - The reward is the dataset's own ``score_answer`` (in [0, 1]); ``info["success"]`` is
   ``score == 1``.
 - Splits ``train`` (``size`` entries) and ``test`` (``test_size``) come from disjoint seed
@@ -24,7 +28,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from entrogym.envs.answers import _last_box
+from entrogym.envs.answers import _last_box, last_number
 from entrogym.envs.base import TextEnv, Turn
 from entrogym.extras import require
 
@@ -46,9 +50,10 @@ def dataset_names() -> list[str]:
     return sorted(name for name in DATASETS if name != "composite")
 
 
-def extract_answer(response: str) -> str | None:
+def extract_answer(response: str, *, bare_number: bool = False) -> str | None:
     """The last ``<answer>...</answer>`` of ``response`` (reasoning-gym's convention), else
-    the content of its last ``\\boxed{}``, else None."""
+    the content of its last ``\\boxed{}``, else (with ``bare_number``) its last number written
+    plainly (no thousands commas, an ASCII minus), else None."""
     from reasoning_gym.utils import extract_answer as tagged
 
     text = response[-MAX_SEARCHED_CHARS:]
@@ -56,6 +61,9 @@ def extract_answer(response: str) -> str | None:
     if answer is None:
         boxed = _last_box(text)
         answer = boxed.strip() if boxed is not None else None
+    if answer is None and bare_number:
+        number = last_number(text)
+        answer = number.replace(",", "").replace("−", "-") if number is not None else None
     return answer
 
 
@@ -122,6 +130,8 @@ class ReasoningGymEnv(TextEnv):
         seed: seed of the train entries (the test entries use ``seed + TEST_SEED_OFFSET``).
         split: the split ``reset`` draws from without a ``task_id``.
         instruction: text appended to each question (the answer format).
+        bare_number: also grade a response's last number when it has no tagged or boxed
+            answer (module docstring).
     """
 
     eval_split = "test"
@@ -137,9 +147,12 @@ class ReasoningGymEnv(TextEnv):
         seed: int = 0,
         split: str = "train",
         instruction: str = ANSWER_INSTRUCTION,
+        bare_number: bool = False,
         render_mode: str | None = None,
     ) -> None:
         require("reasoning-gym")
+        if not isinstance(bare_number, bool):
+            raise ValueError(f"bare_number must be true or false, got {bare_number!r}")
         for name, value, low in (("size", size, 1), ("test_size", test_size, 1), ("seed", seed, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
@@ -155,7 +168,7 @@ class ReasoningGymEnv(TextEnv):
         self.dataset, self.datasets = dataset, datasets
         self.config = dict(config or {})
         self.size, self.test_size, self.seed = size, test_size, seed
-        self.instruction = instruction
+        self.instruction, self.bare_number = instruction, bare_number
         self._sources = {
             "train": self._build(size, seed),
             "test": self._build(test_size, seed + TEST_SEED_OFFSET),
@@ -229,7 +242,7 @@ class ReasoningGymEnv(TextEnv):
 
     def _respond(self, action: str) -> Turn:
         assert self._task_id is not None
-        answer = extract_answer(action)
+        answer = extract_answer(action, bare_number=self.bare_number)
         score = self._score(answer, self._task_id)
         return Turn(
             done=True,

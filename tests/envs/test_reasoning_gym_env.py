@@ -93,6 +93,26 @@ def test_answer_extraction() -> None:
     assert extract_answer("so \\boxed{x+1}.") == "x+1"
     assert extract_answer("<answer>7</answer> \\boxed{8}") == "7"  # the tag wins
     assert extract_answer("no answer here") is None
+    assert extract_answer("there are 12 legs") is None  # a bare number only when asked for
+
+
+def test_bare_number_answers_are_graded_only_when_asked_for() -> None:
+    assert extract_answer("so 3, then 1,024 legs", bare_number=True) == "1024"
+    assert extract_answer("the value is −7.", bare_number=True) == "-7"
+    assert extract_answer("<answer>5</answer> not 6", bare_number=True) == "5"  # the tag wins
+    assert extract_answer("no number", bare_number=True) is None
+    plain = make_text_env(ENV, dataset="leg_counting", size=2, test_size=2)
+    bare = make_text_env(ENV, dataset="leg_counting", size=2, test_size=2, bare_number=True)
+    answer = plain.unwrapped.entry("test-00000")["answer"]
+    wrong = str(int(answer) + 1)
+    for env, expected in ((plain, 0.0), (bare, 1.0)):
+        env.reset(options={"task_id": "test-00000"})
+        _, reward, _, _, info = env.step(f"I count {wrong}, no: {answer} legs in all.")
+        assert reward == expected, env.unwrapped.bare_number
+    assert info["extracted_answer"] == answer
+    bare.reset(options={"task_id": "test-00000"})
+    assert bare.step(f"{answer} or so, <answer>{wrong}</answer>")[1] == 0.0  # the tag counts
+    check_text_env(bare, max_tasks=2)
 
 
 @pytest.mark.parametrize(
@@ -105,6 +125,7 @@ def test_answer_extraction() -> None:
         ({"datasets": {"nope": 1}}, "unknown reasoning-gym dataset"),
         ({"dataset": "leg_counting", "config": {"no_such_field": 1}}, "bad config"),
         ({"dataset": "leg_counting", "size": 0}, "size must be"),
+        ({"dataset": "leg_counting", "bare_number": "yes"}, "bare_number must be true or false"),
     ],
 )
 def test_bad_arguments_are_one_line_errors(kwargs: dict, message: str) -> None:
