@@ -102,6 +102,29 @@ for _name in RG_DATASETS:
         {"dataset": _name, "size": 100, "test_size": 40, "seed": 0, "bare_number": True},
     )
 
+# reasoning-gym's defaults are far out of a 135M model's reach (five-term sums of four-digit
+# numbers, ten kinds of animal): these configs scale a dataset down to its edge, graded bare.
+RG_EASY: dict[str, tuple[str, dict[str, Any]]] = {
+    "legs-1": ("leg_counting", {"min_animals": 1, "max_animals": 1, "max_instances": 3}),
+    "legs-2": ("leg_counting", {"min_animals": 1, "max_animals": 2, "max_instances": 2}),
+    "letters-2": ("letter_counting", {"min_words": 1, "max_words": 2}),
+    "gcd-20": ("gcd", {"max_value": 20}),
+    "gcd-10": ("gcd", {"max_value": 10}),
+    "equations-9": (
+        "simple_equations",
+        {"min_terms": 2, "max_terms": 2, "max_value": 9, "operators": ["+", "-"],
+         "operators_weights": [0.5, 0.5]},
+    ),  # fmt: skip
+    "bits-15": ("count_bits", {"max_n": 15}),
+    "bits-7": ("count_bits", {"max_n": 7}),
+}
+for _name, (_dataset, _config) in RG_EASY.items():
+    CANDIDATES[f"rg-{_name}-bare"] = (
+        REASONING_GYM,
+        {"dataset": _dataset, "config": _config, "size": 100, "test_size": 40, "seed": 0,
+         "bare_number": True},
+    )  # fmt: skip
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
