@@ -40,6 +40,8 @@ class TaskPair:
 ARITHMETIC = "entrogym/Arithmetic-v0"
 # one-digit + and -, the demo's task: task A of the first pairs
 ADD1 = Task(ARITHMETIC, {"max_digits": 1, "num_train": 100, "num_test": 40})
+# one-digit + and - with negative answers: task A of the later pairs
+NEG1 = Task(ARITHMETIC, {"max_digits": 1, "allow_negative": True, "num_train": 100, "num_test": 40})
 PAIRS: dict[str, TaskPair] = {
     "add1-add2": TaskPair(
         a=ADD1,
@@ -66,14 +68,30 @@ PAIRS: dict[str, TaskPair] = {
     # it out of reach in 32 samples), then a B that a screen of the stage-1 policies picked:
     # the held starts reach more of it (docs/results.md, 2026-11-29 10:03 and 10:30)
     "neg-mixed": TaskPair(
-        a=Task(
-            ARITHMETIC,
-            {"max_digits": 1, "allow_negative": True, "num_train": 100, "num_test": 40},
-        ),
+        a=NEG1,
         b=Task(
             ARITHMETIC, {"max_digits": 1, "operations": "+-*", "num_train": 100, "num_test": 40}
         ),
         why="one-digit + and - with negative answers, then one-digit +, - and *",
+    ),
+    # a B from another domain, so that A's arithmetic carries less and the starting policy's
+    # exploration more: reasoning-gym's gcd scaled to a 135M model and graded by the last
+    # number (base pass@1 0.16, pass@8 0.63: most tasks within reach of sampling, few of the
+    # first sample; docs/results.md, 2026-12-02 01:58)
+    "neg-gcd": TaskPair(
+        a=NEG1,
+        b=Task(
+            "entrogym/ReasoningGym-v0",
+            {
+                "dataset": "gcd",
+                "config": {"max_value": 10},
+                "size": 100,
+                "test_size": 40,
+                "seed": 0,
+                "bare_number": True,
+            },
+        ),
+        why="one-digit + and - with negative answers, then the gcd of two numbers up to 10",
     ),
 }
 DEFAULT_PAIR = "add1-add2"
