@@ -112,9 +112,14 @@ RG_EASY: dict[str, tuple[str, dict[str, Any]]] = {
     "gcd-10": ("gcd", {"max_value": 10}),
     "equations-9": (
         "simple_equations",
-        {"min_terms": 2, "max_terms": 2, "max_value": 9, "operators": ["+", "-"],
-         "operators_weights": [0.5, 0.5]},
-    ),  # fmt: skip
+        {
+            "min_terms": 2,
+            "max_terms": 2,
+            "max_value": 9,
+            "operators": ["+", "-"],
+            "operators_weights": [0.5, 0.5],
+        },
+    ),
     "bits-15": ("count_bits", {"max_n": 15}),
     "bits-7": ("count_bits", {"max_n": 7}),
 }
