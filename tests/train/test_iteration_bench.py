@@ -47,6 +47,19 @@ def test_matmul_ceiling_is_positive():
     assert bench_common.matmul_ceiling(torch.float32, n=128, reps=2) > 0
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_an_emulated_bf16_ceiling_is_measured_small(monkeypatch, tmp_path, native):
+    """Without native bf16, torch's reference GEMM makes the 2048-wide measurement take minutes
+    for the rate a 256-wide one gives; fp32 keeps its size either way."""
+    calls = []
+    monkeypatch.setattr(bench_entrogym, "cpu_has_native", lambda dtype: native)
+    monkeypatch.setattr(bench_entrogym, "matmul_ceiling", lambda *a, **kw: calls.append((a, kw)))
+    bench_entrogym._ceilings(_workload(tmp_path))
+    (fp32, _), (bf16, bf16_kw) = calls
+    assert fp32[0] is torch.float32 and bf16[0] is torch.bfloat16
+    assert bf16_kw == ({} if native else {"n": 256, "reps": 2})
+
+
 def _workload(tmp_path, *extra: str) -> bench_common.Workload:
     args = iteration.parse_args(
         ["--model", "tiny-random-llama", "--tasks", "2", "--samples", "2", "--iterations", "1"]
