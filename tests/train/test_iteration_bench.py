@@ -55,8 +55,9 @@ def test_an_emulated_bf16_ceiling_is_measured_small(monkeypatch, tmp_path, nativ
     monkeypatch.setattr(bench_entrogym, "cpu_has_native", lambda dtype: native)
     monkeypatch.setattr(bench_entrogym, "matmul_ceiling", lambda *a, **kw: calls.append((a, kw)))
     bench_entrogym._ceilings(_workload(tmp_path))
-    (fp32, _), (bf16, bf16_kw) = calls
+    (fp32, fp32_kw), (bf16, bf16_kw) = calls
     assert fp32[0] is torch.float32 and bf16[0] is torch.bfloat16
+    assert fp32_kw == {}
     assert bf16_kw == ({} if native else {"n": 256, "reps": 2})
 
 
