@@ -66,6 +66,18 @@ CANDIDATES: dict[str, tuple[str, dict[str, Any]]] = {
             "num_test": 40,
         },
     ),
+    "arith-1digit-sub-abs": (
+        ARITHMETIC,
+        # the same 100 pairs as |a - b|: on the 45 negative differences the signed answer is wrong
+        {
+            "max_digits": 1,
+            "operations": "-",
+            "allow_negative": True,
+            "absolute": True,
+            "num_train": 60,
+            "num_test": 40,
+        },
+    ),
     "arith-1digit-neg": (
         ARITHMETIC,
         {"max_digits": 1, "allow_negative": True, "num_train": 100, "num_test": 40},

@@ -93,6 +93,23 @@ PAIRS: dict[str, TaskPair] = {
         ),
         why="one-digit + and - with negative answers, then the gcd of two numbers up to 10",
     ),
+    # a task switch: |a - b| after signed a - b, where the sign A taught is wrong on 45 of 100
+    # pairs (base pass@1 0.13, pass@8 0.58; docs/results.md, 2026-12-04 23:40)
+    "neg-abs": TaskPair(
+        a=NEG1,
+        b=Task(
+            ARITHMETIC,
+            {
+                "max_digits": 1,
+                "operations": "-",
+                "allow_negative": True,
+                "absolute": True,
+                "num_train": 60,
+                "num_test": 40,
+            },
+        ),
+        why="one-digit + and - with negative answers, then |a - b| of one-digit operands",
+    ),
 }
 DEFAULT_PAIR = "add1-add2"
 STAGE1_ITERATIONS, STAGE2_ITERATIONS = 15, 10

@@ -48,6 +48,9 @@ class ArithmeticEnv(TextEnv):
         min_digits, max_digits: each operand has a digit count drawn from this range.
         operations: the operators to draw from, a subset of ``"+-*"``.
         allow_negative: if False, expressions with a negative value are redrawn.
+        absolute: the task is the expression's absolute value, written ``|3 - 7|`` (answer 4).
+            With ``allow_negative`` it is a task switch after the signed one: the same operands
+            and operators, and on every negative value the signed habit's answer is wrong.
         num_train, num_test: tasks in the ``train`` and ``test`` splits.
         split: the split ``reset`` draws from without a ``task_id``.
         prompt_template: ``str.format`` template with a ``{problem}`` field.
@@ -66,6 +69,7 @@ class ArithmeticEnv(TextEnv):
         max_digits: int = 2,
         operations: str = "+-",
         allow_negative: bool = False,
+        absolute: bool = False,
         num_train: int = 1000,
         num_test: int = 200,
         split: str = "train",
@@ -81,12 +85,15 @@ class ArithmeticEnv(TextEnv):
         _check_int("num_test", num_test, 0)
         if not operations or not set(operations) <= _OPERATIONS:
             raise ValueError(f"operations must be a non-empty subset of '+-*', got {operations!r}")
+        if not isinstance(absolute, bool):
+            raise ValueError(f"absolute must be true or false, got {absolute!r}")
         if not isinstance(grading_timeout, int | float) or not grading_timeout > 0:
             raise ValueError(f"grading_timeout must be > 0 seconds, got {grading_timeout!r}")
         self.prompt_template = check_prompt_template(prompt_template)
         self.task_seed, self.num_operands = task_seed, num_operands
         self.min_digits, self.max_digits = min_digits, max_digits
         self.operations, self.allow_negative = "".join(sorted(set(operations))), allow_negative
+        self.absolute = absolute
         self.grading_timeout = float(grading_timeout)
         self._tasks: dict[str, dict[str, ArithmeticProblem]] = self._generate(num_train, num_test)
         super().__init__(split=split, max_turns=1, render_mode=render_mode)
@@ -108,6 +115,8 @@ class ArithmeticEnv(TextEnv):
                     [str(operands[0])]
                     + [f"{o} {x}" for o, x in zip(ops, operands[1:], strict=True)]
                 )
+                if self.absolute:
+                    return ArithmeticProblem(f"|{text}|", abs(value))
                 return ArithmeticProblem(text, value)
 
     def _generate(self, num_train: int, num_test: int) -> dict[str, dict[str, ArithmeticProblem]]:

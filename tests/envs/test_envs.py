@@ -122,6 +122,35 @@ def test_arithmetic_knobs() -> None:
         ArithmeticEnv(max_digits=1, operations="+", num_train=90, num_test=40)
 
 
+def test_arithmetic_absolute_value_task() -> None:
+    env = ArithmeticEnv(
+        max_digits=1, operations="-", allow_negative=True, absolute=True, num_train=60, num_test=40
+    )
+    signed = ArithmeticEnv(
+        max_digits=1, operations="-", allow_negative=True, num_train=60, num_test=40
+    )
+    negative_inside = 0
+    for i in env.task_ids("train") + env.task_ids("test"):
+        p, q = env.problem(i), signed.problem(i)
+        # the same draws, written inside bars and graded by their absolute value
+        assert p.expression == f"|{q.expression}|" and p.answer == abs(q.answer)
+        left, _, right = p.expression.strip("|").split()
+        assert p.answer == abs(int(left) - int(right))
+        negative_inside += q.answer < 0
+    assert 0 < negative_inside < 100
+    task = next(i for i in env.task_ids("test") if signed.problem(i).answer < 0)
+    prompt, _ = env.reset(options={"task_id": task})
+    assert f"|{signed.problem(task).expression}|" in prompt
+    for action, reward in [
+        (str(env.problem(task).answer), 1.0),
+        (str(signed.problem(task).answer), 0.0),
+    ]:
+        env.reset(options={"task_id": task})
+        assert env.step(action)[1] == reward
+    with pytest.raises(ValueError, match="absolute"):
+        ArithmeticEnv(absolute="yes")
+
+
 def test_arithmetic_rewards_boxed_and_bare_answers() -> None:
     env = gym.make("entrogym/Arithmetic-v0")
     obs, info = env.reset(options={"task_id": "train-00000"})
