@@ -78,6 +78,19 @@ CANDIDATES: dict[str, tuple[str, dict[str, Any]]] = {
             "num_test": 40,
         },
     ),
+    "arith-1digit-sub-abs-neg": (
+        ARITHMETIC,
+        # the 45 pairs negative inside the bars only: the signed answer is wrong on every task
+        {
+            "max_digits": 1,
+            "operations": "-",
+            "allow_negative": True,
+            "negative_only": True,
+            "absolute": True,
+            "num_train": 25,
+            "num_test": 20,
+        },
+    ),
     "arith-1digit-neg": (
         ARITHMETIC,
         {"max_digits": 1, "allow_negative": True, "num_train": 100, "num_test": 40},

@@ -48,6 +48,8 @@ class ArithmeticEnv(TextEnv):
         min_digits, max_digits: each operand has a digit count drawn from this range.
         operations: the operators to draw from, a subset of ``"+-*"``.
         allow_negative: if False, expressions with a negative value are redrawn.
+        negative_only: only expressions with a negative value are kept (needs
+            ``allow_negative``); with ``absolute``, every task is one the signed habit gets wrong.
         absolute: the task is the expression's absolute value, written ``|3 - 7|`` (answer 4).
             With ``allow_negative`` it is a task switch after the signed one: the same operands
             and operators, and on every negative value the signed habit's answer is wrong.
@@ -69,6 +71,7 @@ class ArithmeticEnv(TextEnv):
         max_digits: int = 2,
         operations: str = "+-",
         allow_negative: bool = False,
+        negative_only: bool = False,
         absolute: bool = False,
         num_train: int = 1000,
         num_test: int = 200,
@@ -85,15 +88,18 @@ class ArithmeticEnv(TextEnv):
         _check_int("num_test", num_test, 0)
         if not operations or not set(operations) <= _OPERATIONS:
             raise ValueError(f"operations must be a non-empty subset of '+-*', got {operations!r}")
-        if not isinstance(absolute, bool):
-            raise ValueError(f"absolute must be true or false, got {absolute!r}")
+        for name, flag in (("negative_only", negative_only), ("absolute", absolute)):
+            if not isinstance(flag, bool):
+                raise ValueError(f"{name} must be true or false, got {flag!r}")
+        if negative_only and not allow_negative:
+            raise ValueError("negative_only keeps negative values only: set allow_negative true")
         if not isinstance(grading_timeout, int | float) or not grading_timeout > 0:
             raise ValueError(f"grading_timeout must be > 0 seconds, got {grading_timeout!r}")
         self.prompt_template = check_prompt_template(prompt_template)
         self.task_seed, self.num_operands = task_seed, num_operands
         self.min_digits, self.max_digits = min_digits, max_digits
         self.operations, self.allow_negative = "".join(sorted(set(operations))), allow_negative
-        self.absolute = absolute
+        self.negative_only, self.absolute = negative_only, absolute
         self.grading_timeout = float(grading_timeout)
         self._tasks: dict[str, dict[str, ArithmeticProblem]] = self._generate(num_train, num_test)
         super().__init__(split=split, max_turns=1, render_mode=render_mode)
@@ -110,7 +116,7 @@ class ArithmeticEnv(TextEnv):
                 operands.append(int(rng.integers(low, 10**digits)))
             ops = [str(rng.choice(list(self.operations))) for _ in range(self.num_operands - 1)]
             value = evaluate(operands, ops)
-            if self.allow_negative or value >= 0:
+            if (self.allow_negative or value >= 0) and (value < 0 or not self.negative_only):
                 text = " ".join(
                     [str(operands[0])]
                     + [f"{o} {x}" for o, x in zip(ops, operands[1:], strict=True)]

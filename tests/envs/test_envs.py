@@ -151,6 +151,22 @@ def test_arithmetic_absolute_value_task() -> None:
         ArithmeticEnv(absolute="yes")
 
 
+def test_arithmetic_negative_only_keeps_negative_values() -> None:
+    env = ArithmeticEnv(
+        max_digits=1, operations="-", allow_negative=True, negative_only=True, absolute=True,
+        num_train=25, num_test=20,
+    )  # fmt: skip
+    ids = env.task_ids("train") + env.task_ids("test")
+    assert len({env.problem(i).expression for i in ids}) == 45  # every one-digit a - b < 0
+    for i in ids:
+        left, _, right = env.problem(i).expression.strip("|").split()
+        assert int(left) < int(right) and env.problem(i).answer == int(right) - int(left)
+    with pytest.raises(ValueError, match="set allow_negative true"):
+        ArithmeticEnv(max_digits=1, negative_only=True)
+    with pytest.raises(ValueError, match="negative_only must be true or false"):
+        ArithmeticEnv(max_digits=1, allow_negative=True, negative_only=1)
+
+
 def test_arithmetic_rewards_boxed_and_bare_answers() -> None:
     env = gym.make("entrogym/Arithmetic-v0")
     obs, info = env.reset(options={"task_id": "train-00000"})
