@@ -76,10 +76,10 @@ def patch_decoder() -> None:
     # The one-token branch of StaticDecoder._forward with the compiled pieces swapped in; it
     # is mirrored here, not factored out of the decoder, so that the rollouts' own step stays
     # as it is for a lever that was measured and not adopted.
-    def forward(self, ids, positions, mask, start, valid=None):
+    def forward(self, ids, positions, mask, start):
         b, t = ids.shape
         if t != 1:
-            return eager(self, ids, positions, mask, start, valid)
+            return eager(self, ids, positions, mask, start)
         h, kvh, d = self.heads, self.kv_heads, self.head_dim
         x = F.embedding(ids, self.embed)
         cos, sin = self.rotary(x, positions)
@@ -101,8 +101,8 @@ def patch_decoder() -> None:
     # keys as [B, G, C, d]: not the fused kernel's transposed keys
     init = static_decode.StaticDecoder.__init__
 
-    def unpacked(self, net, adapter, packed=None, fused_attention=None):
-        init(self, net, adapter, packed=False, fused_attention=False)
+    def unpacked(self, net, adapter, packed=None, kernels=None):
+        init(self, net, adapter, packed=False, kernels=False)
 
     static_decode.StaticDecoder.__init__ = unpacked
 

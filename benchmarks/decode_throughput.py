@@ -21,9 +21,9 @@ same repeat* (``paired_speedup``, with its range), so that a shift of the host's
 one path's calls and another's (10-20 % between runs here) cancels instead of entering the
 ratio.
 
-A decode path named ``PATH+torch-attention`` (``static-cdf+torch-attention``) is PATH with the
-static decoder's attention kernel turned off for its calls (``ENTROGYM_DECODE_KERNEL=0``:
-torch's attention), to measure what the kernel buys in the same run; ``PATH+no-shared-prefix``
+A decode path named ``PATH+torch-ops`` (``static-cdf+torch-ops``) is PATH with the static
+decoder's C++ kernels turned off for its calls (``ENTROGYM_DECODE_KERNEL=0``: torch's ops and
+oneDNN's linear kernel), to measure what the kernels buy in the same run; ``PATH+no-shared-prefix``
 is PATH with every distinct prompt prefilled whole (no prompt opening prefilled once). The
 suffixes combine.
 
@@ -64,12 +64,12 @@ def publish(policy, folder: Path, version: int) -> str:
     return str(folder)
 
 
-TORCH_ATTENTION = "+torch-attention"
+TORCH_OPS = "+torch-ops"
 NO_SHARED_PREFIX = "+no-shared-prefix"
 
 
 def base_decode(decode: str) -> str:
-    """The engine's decode path of a benchmark path (``static-cdf+torch-attention``:
+    """The engine's decode path of a benchmark path (``static-cdf+torch-ops``:
     ``static-cdf``)."""
     return decode.split("+", 1)[0]
 
@@ -86,12 +86,12 @@ def path_engine(decode: str, dtype: str, prompts, args):
     )
 
 
-def attention_of(decode: str) -> contextlib.AbstractContextManager:
-    """The scope of one call of path ``decode``: the attention kernel off for a
-    ``+torch-attention`` path (the decoder reads the switch when it merges a new version), and
+def path_scope(decode: str) -> contextlib.AbstractContextManager:
+    """The scope of one call of path ``decode``: the C++ kernels off for a ``+torch-ops`` path
+    (the decoder reads the switch when it merges a new version), and
     every prompt prefilled whole for a ``+no-shared-prefix`` path."""
     scope = contextlib.ExitStack()
-    if TORCH_ATTENTION in decode:
+    if TORCH_OPS in decode:
         scope.enter_context(mock.patch.dict(os.environ, {"ENTROGYM_DECODE_KERNEL": "0"}))
     if NO_SHARED_PREFIX in decode:
         scope.enter_context(mock.patch.object(static_decode, "shared_prefix", return_value=0))
@@ -103,7 +103,7 @@ def measure(decode: str, dtype: str, prompts, params, policy, folder: Path, args
     engine = path_engine(decode, dtype, prompts, args)
     startup = time.perf_counter() - t0
     runs = []
-    with engine, attention_of(decode):
+    with engine, path_scope(decode):
         engine.generate(prompts[:1], SamplingParams(max_tokens=4))
         for rep in range(args.repeats):
             adapter = publish(policy, folder, rep + 1)
@@ -123,13 +123,13 @@ def paired(dtypes: list[str], prompts, params, policy, folder: Path, args) -> di
     runs: dict[tuple[str, str], list[dict]] = {arm: [] for arm in arms}
     try:
         for (_, decode), engine in engines.items():
-            with attention_of(decode):
+            with path_scope(decode):
                 engine.generate(prompts[:1], SamplingParams(max_tokens=4))
         for rep in range(args.repeats):
             adapter = publish(policy, folder, rep + 1)
             shift = rep % len(arms)
             for arm in arms[shift:] + arms[:shift]:
-                with attention_of(arm[1]):
+                with path_scope(arm[1]):
                     runs[arm].append(timed_generation(engines[arm], prompts, params, adapter))
     finally:
         for engine in engines.values():

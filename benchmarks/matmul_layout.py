@@ -1,6 +1,6 @@
 """GFLOP/s of a decode step's matmuls in four layouts the static decode path could use:
 ``F.linear(x, w)`` with ``w`` [out, in] (the model's own layout) against ``x @ w_t``
-with ``w_t`` [in, out] contiguous (``static_decode.input_major``), the LM head as
+with ``w_t`` [in, out] contiguous (``sampling_copy.input_major``), the LM head as
 ``(head @ x.T).T`` (the left factor, no transposed copy of a tied embedding), and MKL's packed
 sgemm (``torch.ops.mkl._mkl_linear`` on a weight reordered for the batch size).
 

@@ -8,8 +8,10 @@ product of the same inputs):
 - ``decode_step``: one decode step's projections of SmolLM2 (30 layers of q|k|v, o, gate|up
   and down, then the LM head) at 24 rows, every layer its own weights, so that they stream
   from memory as in a real step; sgemm input-major (``x @ w``), output-major (``w @ x.T``)
-  and ``F.linear``, against oneDNN over packed weights; fp32 and bf16.
-- ``hot``: the roofline's ceiling shape, [24, 576] x [576, 1536], the same weight every call.
+  and ``F.linear``, against oneDNN over packed weights, and in fp32 the ``hf`` engine's own
+  streaming kernel (``decode_kernel.linear``, where it runs: AVX-512); fp32 and bf16.
+- ``hot``: the roofline's ceiling shape, [24, 576] x [576, 1536], the same weight every call
+  (the decoder's kernel too, in fp32).
 - ``learner_forward`` / ``learner_input_grad``: the learner's projections at 2,328 rows
   (24 sequences of 97 tokens), forward and the input's gradient (oneDNN over ``weight.T``,
   copied per call as ``FrozenLinear`` does).
@@ -29,6 +31,17 @@ import torch
 import torch.nn.functional as F
 
 from entrogym import onednn
+from entrogym.agents.engines import decode_kernel
+
+
+def decoder_linear(x: torch.Tensor, packed: tuple[torch.Tensor, int]) -> torch.Tensor:
+    """``x @ w.T`` by the decoder's streaming kernel; ``packed`` = (packed weight, out)."""
+    return decode_kernel.linear(x, packed[0], packed[1])
+
+
+def decoder_pack(w: torch.Tensor) -> tuple[torch.Tensor, int]:
+    return decode_kernel.linear_pack(w), w.shape[0]
+
 
 LAYER = [(576, 960), (576, 576), (576, 3072), (1536, 576)]  # (in, out): qkv, o, gate|up, down
 LAYERS, VOCAB, HIDDEN = 30, 49152, 576
@@ -65,6 +78,8 @@ def decode_step(dtype: torch.dtype, rows: int, reps: int) -> dict:
     }
     if onednn.supported(torch.device("cpu"), dtype):
         variants["onednn packed"] = (onednn.linear, onednn.pack)
+    if dtype == torch.float32 and decode_kernel.linear_supported():
+        variants["decoder kernel"] = (decoder_linear, decoder_pack)
     out = {}
     for name, (project, layout) in variants.items():
         laid = [[layout(w) for w in layer] for layer in weights]
@@ -100,6 +115,13 @@ def main() -> None:
             "sgemm": rate(lambda: [x @ wt for _ in range(50)], flops, 20),  # noqa: B023
             "onednn packed": rate(lambda: [onednn.linear(x, packed) for _ in range(50)], flops, 20),  # noqa: B023
         }
+        if dtype == torch.float32 and decode_kernel.linear_supported():
+            own = decoder_pack(w)
+            result["hot"][name]["decoder kernel"] = rate(
+                lambda: [decoder_linear(x, own) for _ in range(50)],  # noqa: B023
+                flops,
+                20,
+            )
     rows = 24 * 97
     result["learner_forward"], result["learner_input_grad"], result["error"] = {}, {}, {}
     gen = torch.Generator().manual_seed(1)

@@ -94,10 +94,29 @@ def onednn_kernel(a: torch.Tensor, b: torch.Tensor) -> Callable[[], object] | No
     return lambda: onednn.linear(a, packed)
 
 
+def decoder_kernel(a: torch.Tensor, b: torch.Tensor) -> Callable[[], object] | None:
+    """``a @ b`` by the ``hf`` engine's own fp32 streaming kernel over ``b`` packed once
+    (``decode_kernel.linear``, what the static decoder runs on a CPU with AVX-512); None where it
+    does not run (another dtype or CPU, or a venv that cannot build it)."""
+    import torch
+
+    if a.dtype != torch.float32:
+        return None
+    try:
+        from entrogym.agents.engines import decode_kernel
+    except ImportError:
+        return None
+    if not decode_kernel.linear_supported():
+        return None
+    packed = decode_kernel.linear_pack(b.t().contiguous())
+    return lambda: decode_kernel.linear(a, packed, b.shape[1])
+
+
 def matmul_rate(dtype: torch.dtype, rows: int, hidden: int, inner: int) -> float:
     """FLOP/s of [rows, hidden] x [hidden, inner] in ``dtype`` (the decode step's MLP shape),
-    best of 20 timings of 50 products, by the fastest kernel (torch's matmul, or oneDNN's over
-    a packed weight: :func:`onednn_kernel`), at this process's threads and at one thread,
+    best of 20 timings of 50 products, by the fastest kernel (torch's matmul, oneDNN's over a
+    packed weight: :func:`onednn_kernel`, or the decoder's own: :func:`decoder_kernel`), at
+    this process's threads and at one thread,
     whichever is faster: where other jobs hold the cores, the threads' synchronisation can
     make a small matmul many times slower on 2 threads than on 1, and a ceiling is the best
     the machine gives (measured here: 0.2 against 88 GFLOP/s at a load average of 11 on 2
@@ -105,7 +124,7 @@ def matmul_rate(dtype: torch.dtype, rows: int, hidden: int, inner: int) -> float
     import torch
 
     a, b = torch.randn(rows, hidden).to(dtype), torch.randn(hidden, inner).to(dtype)
-    kernels = [lambda: a @ b, onednn_kernel(a, b)]
+    kernels = [lambda: a @ b, onednn_kernel(a, b), decoder_kernel(a, b)]
     threads = torch.get_num_threads()
     best = float("inf")
     try:

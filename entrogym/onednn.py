@@ -44,6 +44,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
 
 
+def linear_add(x: torch.Tensor, weight: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """``other + x @ weight.T`` by oneDNN in one call (the sum as the kernel's post-op, in the
+    output's precision, as a separate add rounds it): a residual connection's projection and
+    add. ``weight`` as :func:`linear` takes it; ``other`` the output's shape. No autograd."""
+    return torch.ops.mkldnn._linear_pointwise.binary(x, other, weight, None, "add")
+
+
 class _FrozenLinearFunction(torch.autograd.Function):
     """``x @ weight.T`` and x's gradient by oneDNN; the weight is frozen (no gradient)."""
 

@@ -144,7 +144,7 @@ def _decoders(dtype: torch.dtype) -> dict[bool, StaticDecoder]:
     policy = randomise_lora_b(load_policy(resolve_model("tiny-random-llama"), lora=LoraSettings()))
     policy = policy.to(dtype)
     return {
-        fused: StaticDecoder(policy, policy.active_adapter, fused_attention=fused)
+        fused: StaticDecoder(policy, policy.active_adapter, kernels=fused)
         for fused in (False, True)
     }
 
@@ -156,15 +156,15 @@ def test_the_decoder_samples_the_same_with_the_kernel():
 
     out = {}
     for fused, decoder in _decoders(torch.float32).items():
-        assert decoder.fused_attention is fused
+        assert decoder.kernels is fused
         torch.manual_seed(0)
         out[fused] = decoder.sample(PROMPTS, SamplingParams(max_tokens=24), 24, [], 0)
     assert torch.equal(out[True][0], out[False][0])
     torch.testing.assert_close(out[True][1], out[False][1], rtol=0, atol=1e-5)
 
 
-def test_bf16_decode_steps_match_torchs_attention():
-    """bf16: the same teacher-forced decode steps with the kernel and with torch's SDPA give
+def test_bf16_decode_steps_match_torchs_ops():
+    """bf16: the same teacher-forced decode steps on the kernels and on torch's ops (SDPA) give
     logits equal to bf16's rounding (sampled tokens are not compared: one rounding apart, a
     draw can differ, and where it does depends on the CPU's bf16 kernels)."""
     logits = {}
@@ -178,9 +178,8 @@ def test_bf16_decode_steps_match_torchs_attention():
         for step in range(steps - 1):
             column = width + step
             valid[:, column] = True
-            token = torch.full((len(PROMPTS), 1), 3 + step)
-            mask = valid[:, None, None, : column + 1]
-            rows.append(decoder._forward(token, (lengths + step)[:, None], mask, column, valid))
+            token = torch.full((len(PROMPTS),), 3 + step)
+            rows.append(decoder._step(token, lengths + step, valid, column))
         logits[fused] = torch.stack(rows, 1)
     assert logits[True].dtype == torch.float32
     scale = logits[False].abs().max()
@@ -189,9 +188,9 @@ def test_bf16_decode_steps_match_torchs_attention():
 
 def test_the_decoder_takes_the_kernel_on_cpu_by_default(monkeypatch):
     policy = load_policy(resolve_model("tiny-random-llama"), lora=LoraSettings())
-    assert StaticDecoder(policy, policy.active_adapter).fused_attention is True
+    assert StaticDecoder(policy, policy.active_adapter).kernels is True
     monkeypatch.setenv("ENTROGYM_DECODE_KERNEL", "0")
-    assert StaticDecoder(policy, policy.active_adapter).fused_attention is False
+    assert StaticDecoder(policy, policy.active_adapter).kernels is False
 
 
 def test_a_first_build_says_so_once_where_nothing_logs_info(monkeypatch, tmp_path, caplog):
@@ -207,7 +206,7 @@ def test_a_first_build_says_so_once_where_nothing_logs_info(monkeypatch, tmp_pat
     with caplog.at_level(logging.WARNING):
         decode_kernel._load(tmp_path, "k")
         decode_kernel._load(tmp_path, "k")
-    said = [r for r in caplog.records if "building the decode-attention kernel" in r.getMessage()]
+    said = [r for r in caplog.records if "building the decode kernels" in r.getMessage()]
     assert len(said) == 1 and said[0].levelno == logging.WARNING
 
 
@@ -225,6 +224,6 @@ def test_a_kernel_that_does_not_build_falls_back_with_one_warning(monkeypatch, t
         warnings = [r for r in caplog.records if "could not be built" in r.getMessage()]
         assert len(warnings) == 1 and "subcommand failed" in warnings[0].getMessage()
         policy = load_policy(resolve_model("tiny-random-llama"), lora=LoraSettings())
-        assert StaticDecoder(policy, policy.active_adapter).fused_attention is False
+        assert StaticDecoder(policy, policy.active_adapter).kernels is False
     finally:
         decode_kernel.module.cache_clear()

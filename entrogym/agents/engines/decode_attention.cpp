@@ -10,8 +10,12 @@
 // is exact up to fp32 rounding, and the weighted sum of values keeps the R x d output in
 // registers over the keys. Work items are spread over torch's intra-op threads (OpenMP).
 //
+// decode_attention_step does a decode step's attention with what precedes it in the layer: the
+// rotary embedding of queries and keys and the cache writes, from the fused q|k|v projection's
+// output, in the same one call (each of those was a torch op of its own, several per layer).
+//
 // Built at first use by entrogym.agents.engines.decode_kernel (torch.utils.cpp_extension).
-#include <torch/extension.h>
+#include "decode_kernels.h"
 
 #include <algorithm>
 #include <cmath>
@@ -21,58 +25,7 @@
 
 namespace {
 
-// 16 fp32 lanes: GCC/Clang vector extensions, lowered to the target's widest registers.
-typedef float f16v __attribute__((vector_size(64)));
-typedef uint32_t u16v __attribute__((vector_size(64)));
-typedef uint16_t h16v __attribute__((vector_size(32)));
-typedef int32_t i16v __attribute__((vector_size(64)));
-constexpr int kLanes = 16;
-
-inline f16v load16(const float* p) {
-  f16v v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline f16v load16(const at::BFloat16* p) {  // bf16 is the top half of an fp32
-  h16v h;
-  std::memcpy(&h, p, sizeof h);
-  const u16v u = __builtin_convertvector(h, u16v) << 16;
-  f16v v;
-  std::memcpy(&v, &u, sizeof v);
-  return v;
-}
-inline float to_float(float x) { return x; }
-inline float to_float(at::BFloat16 x) { return static_cast<float>(x); }
-inline void from_float(float x, float* out) { *out = x; }
-inline void from_float(float x, at::BFloat16* out) { *out = at::BFloat16(x); }
-
-// exp(x) for 16 lanes of x <= 0: Cody and Waite's range reduction, x = n ln 2 + r with ln 2 in
-// two parts, and the degree-6 polynomial of Cephes' expf for e^r on [-ln2/2, ln2/2]
-// (S. L. Moshier, Cephes Math Library, 1984-1992): relative error ~1e-7, and vectorised, where
-// std::exp is a scalar call per element.
-inline f16v exp16(f16v x) {
-  // clamped to [-87, 0], so that no lane overflows (lanes of keys not attended are set to 0
-  // after, whatever they computed)
-  const f16v lo = f16v{} - 87.0f, zero = f16v{};
-  x = x < lo ? lo : x;
-  x = x > zero ? zero : x;
-  f16v n = x * 1.44269504088896341f + 0.5f;
-  const i16v ni = __builtin_convertvector(n, i16v);  // truncation toward zero
-  f16v nf = __builtin_convertvector(ni, f16v);
-  nf = nf > n ? nf - 1.0f : nf;  // floor
-  const f16v r = x - nf * 0.693359375f + nf * 2.12194440e-4f;
-  f16v p = f16v{} + 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const i16v bits = (__builtin_convertvector(nf, i16v) + 127) << 23;
-  f16v scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
-}
+using namespace entrogym_decode;
 
 // One (row, kv head): R queries of D dims against the first `end` keys. keys_t [D, C] (the
 // cache's keys transposed), values [C, D], seen [C] (True: the key is attended). scores: scratch
@@ -162,6 +115,62 @@ void attend(const T* q, const T* k, const T* v, const bool* valid, T* out, int64
   }
 }
 
+// Llama's rotary embedding of one head in rotate-half form (Su et al., RoFormer, 2021, eq. 34):
+// out = x cos + [-x2, x1] sin, each product and the sum rounded to T as torch's three ops round
+// them (fp contraction is off here, so no FMA fuses them), so the fused step rotates as
+// static_decode.rotate does, bit for bit.
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+template <typename T, int D>
+void rotate_head(const T* x, const T* cos, const T* sin, T* out) {
+  constexpr int H = D / 2;
+  for (int i = 0; i < D; ++i) {
+    const float xc = rounded<T>(to_float(x[i]) * to_float(cos[i]));
+    const float other = i < H ? -to_float(x[i + H]) : to_float(x[i - H]);
+    const float ys = rounded<T>(other * to_float(sin[i]));
+    from_float(xc + ys, out + i);
+  }
+}
+#pragma GCC pop_options
+
+// One decode step's attention with its prologue, per (row, kv head): rotate the head's R
+// queries and its key, write the key (transposed) and the value at cache column `column`, and
+// attend over the first column + 1 keys. qkv [B, (G R + 2 G) D] is the fused projection's
+// output (q | k | v), cos and sin [B, D].
+template <typename T, int R, int D>
+void attend_step(const T* qkv, const T* cos, const T* sin, T* keys_t, T* values,
+                 const bool* valid, T* out, int64_t rows, int64_t groups, int64_t columns,
+                 int64_t column, float scale, int threads) {
+  const int64_t heads = groups * R, width = (heads + 2 * groups) * D, end = column + 1;
+  const int64_t items = rows * groups;
+  const int64_t padded = (end + kLanes - 1) / kLanes * kLanes;
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> scores(R * padded);
+    T q[R * D], k[D];
+#pragma omp for schedule(static)
+    for (int64_t item = 0; item < items; ++item) {
+      const int64_t b = item / groups, g = item % groups;
+      const T* row = qkv + b * width;
+      const T *c = cos + b * D, *s = sin + b * D;
+      for (int r = 0; r < R; ++r) rotate_head<T, D>(row + (g * R + r) * D, c, s, q + r * D);
+      rotate_head<T, D>(row + (heads + g) * D, c, s, k);
+      T* kt = keys_t + item * D * columns;  // [D, C]
+      for (int d = 0; d < D; ++d) kt[d * columns + column] = k[d];
+      T* v = values + item * columns * D;  // [C, D]
+      std::memcpy(v + column * D, row + (heads + groups + g) * D, D * sizeof(T));
+      attend_one<T, R, D>(q, kt, v, valid + b * columns, out + item * R * D, columns, end,
+                          scale, scores.data());
+    }
+  }
+}
+
+// query rows per kv head x head dim: SmolLM2's (3, 64), the tests' tiny models' (2, 32), and
+// the grouped-query shapes of common small Llamas; decode_kernel.SHAPES lists the same
+#define EG_SHAPES(X)                                                                     \
+  X(1, 64) X(2, 64) X(3, 64) X(4, 64) X(5, 64) X(6, 64) X(7, 64) X(8, 64) X(1, 32) X(2, 32) \
+  X(4, 32) X(1, 128) X(2, 128) X(3, 128) X(4, 128) X(8, 128)
+
 template <typename T>
 bool dispatch(int64_t per_group, int64_t dim, const T* q, const T* k, const T* v,
               const bool* valid, T* out, int64_t rows, int64_t groups, int64_t columns,
@@ -171,14 +180,28 @@ bool dispatch(int64_t per_group, int64_t dim, const T* q, const T* k, const T* v
     attend<T, RR, DD>(q, k, v, valid, out, rows, groups, columns, end, scale, threads); \
     return true;                                                                         \
   }
-  // query rows per kv head x head dim: SmolLM2's (3, 64), the tests' tiny models' (2, 32), and
-  // the grouped-query shapes of common small Llamas; decode_kernel.SHAPES lists the same
-  EG_CASE(1, 64) EG_CASE(2, 64) EG_CASE(3, 64) EG_CASE(4, 64) EG_CASE(5, 64) EG_CASE(6, 64)
-  EG_CASE(7, 64) EG_CASE(8, 64)
-  EG_CASE(1, 32) EG_CASE(2, 32) EG_CASE(4, 32)
-  EG_CASE(1, 128) EG_CASE(2, 128) EG_CASE(3, 128) EG_CASE(4, 128) EG_CASE(8, 128)
+  EG_SHAPES(EG_CASE)
 #undef EG_CASE
   return false;
+}
+
+template <typename T>
+bool dispatch_step(int64_t per_group, int64_t dim, const T* qkv, const T* cos, const T* sin,
+                   T* keys_t, T* values, const bool* valid, T* out, int64_t rows,
+                   int64_t groups, int64_t columns, int64_t column, float scale, int threads) {
+#define EG_CASE(RR, DD)                                                                   \
+  if (per_group == RR && dim == DD) {                                                     \
+    attend_step<T, RR, DD>(qkv, cos, sin, keys_t, values, valid, out, rows, groups,       \
+                           columns, column, scale, threads);                              \
+    return true;                                                                          \
+  }
+  EG_SHAPES(EG_CASE)
+#undef EG_CASE
+  return false;
+}
+
+int threads_for(int64_t items) {
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items)));
 }
 
 }  // namespace
@@ -206,7 +229,7 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& keys
               "decode_attention: contiguous tensors");
   auto out = torch::empty_like(q);
   const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
-  const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), rows * groups)));
+  const int threads = threads_for(rows * groups);
   bool done = false;
   if (q.scalar_type() == at::kFloat) {
     done = dispatch<float>(per_group, dim, q.data_ptr<float>(), keys_t.data_ptr<float>(),
@@ -222,6 +245,55 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& keys
   return out;
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("decode_attention", &decode_attention, "one decode step's attention from the KV cache");
+// qkv [B, (H + 2 G) d] (q | k | v of one token per row); cos, sin [B, d]; keys_t [B, G, d, C] and
+// values [B, G, C, d], written at `column`; valid [B, C], column `column` among the attended.
+// Returns the attention [B, H d] in qkv's dtype.
+torch::Tensor decode_attention_step(const torch::Tensor& qkv, const torch::Tensor& cos,
+                                    const torch::Tensor& sin, torch::Tensor& keys_t,
+                                    torch::Tensor& values, const torch::Tensor& valid,
+                                    int64_t column) {
+  TORCH_CHECK(qkv.dim() == 2 && cos.dim() == 2 && sin.dim() == 2 && keys_t.dim() == 4 &&
+                  values.dim() == 4,
+              "decode_attention_step: qkv [B, N], cos and sin [B, d], 4-d caches");
+  const int64_t rows = qkv.size(0), groups = values.size(1), columns = values.size(2);
+  const int64_t dim = values.size(3);
+  TORCH_CHECK(keys_t.size(0) == rows && keys_t.size(1) == groups && keys_t.size(2) == dim &&
+                  keys_t.size(3) == columns && values.size(0) == rows,
+              "decode_attention_step: caches [B, G, d, C] and [B, G, C, d]");
+  TORCH_CHECK(qkv.size(1) % dim == 0 && qkv.size(1) / dim > 2 * groups &&
+                  (qkv.size(1) / dim - 2 * groups) % groups == 0,
+              "decode_attention_step: qkv must hold H + 2 G heads of d, H a multiple of G");
+  TORCH_CHECK(cos.size(0) == rows && cos.size(1) == dim && sin.sizes() == cos.sizes(),
+              "decode_attention_step: cos and sin must be [B, d]");
+  TORCH_CHECK(valid.dim() == 2 && valid.size(0) == rows && valid.size(1) == columns &&
+                  valid.scalar_type() == at::kBool,
+              "decode_attention_step: valid must be bool [B, C]");
+  TORCH_CHECK(column >= 0 && column < columns, "decode_attention_step: column out of range");
+  const auto dtype = qkv.scalar_type();
+  TORCH_CHECK(cos.scalar_type() == dtype && sin.scalar_type() == dtype &&
+                  keys_t.scalar_type() == dtype && values.scalar_type() == dtype,
+              "decode_attention_step: one dtype");
+  TORCH_CHECK(qkv.is_contiguous() && cos.is_contiguous() && sin.is_contiguous() &&
+                  keys_t.is_contiguous() && values.is_contiguous() && valid.is_contiguous(),
+              "decode_attention_step: contiguous tensors");
+  const int64_t heads = qkv.size(1) / dim - 2 * groups, per_group = heads / groups;
+  auto out = torch::empty({rows, heads * dim}, qkv.options());
+  const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
+  const int threads = threads_for(rows * groups);
+  bool done = false;
+  if (dtype == at::kFloat) {
+    done = dispatch_step<float>(per_group, dim, qkv.data_ptr<float>(), cos.data_ptr<float>(),
+                                sin.data_ptr<float>(), keys_t.data_ptr<float>(),
+                                values.data_ptr<float>(), valid.data_ptr<bool>(),
+                                out.data_ptr<float>(), rows, groups, columns, column, scale,
+                                threads);
+  } else if (dtype == at::kBFloat16) {
+    using bf = at::BFloat16;
+    done = dispatch_step<bf>(per_group, dim, qkv.data_ptr<bf>(), cos.data_ptr<bf>(),
+                             sin.data_ptr<bf>(), keys_t.data_ptr<bf>(), values.data_ptr<bf>(),
+                             valid.data_ptr<bool>(), out.data_ptr<bf>(), rows, groups, columns,
+                             column, scale, threads);
+  }
+  TORCH_CHECK(done, "decode_attention_step: unsupported dtype or shape");
+  return out;
 }

@@ -1,15 +1,20 @@
-"""The static decoder's fused attention kernel on CPU (``decode_attention.cpp``), built once per
-machine at first use.
+"""The static decoder's C++ kernels on CPU (``decode_attention.cpp``, ``decode_linear.cpp``,
+``decode_ops.cpp``), built once per machine at first use.
 
 One decode step's attention is, per (row, kv head), a few tiny matmuls: at SmolLM2's shapes
 (24 rows, 3 query rows per kv head, 64-wide heads, ~100 keys) torch's kernels spend most of
 their time outside the arithmetic. The C++ kernel does the whole step's attention in one call,
 in fp32 from fp32 or bf16 caches, with the keys cached transposed; the decoder takes it on CPU
 wherever it builds and the shape is one it was compiled for (:data:`SHAPES`), and its own
-torch attention otherwise.
+torch attention otherwise. With it come one-call versions of the rest of a step's small ops:
+the attention with its rotary embedding and cache writes (:func:`attention_step`), RMSNorm
+(:func:`rms_norm`), the MLP's ``silu(gate) * up`` (:func:`silu_mul`) and the inverse-CDF token
+draw with its log-prob (:func:`cdf_sample`), and an fp32 projection kernel that streams each
+weight once per step (:func:`linear`, on CPUs with AVX-512). Each computes the formula of the
+torch code it replaces (named in its docstring), which the tests hold it to.
 
 Building needs a C++ compiler and ``ninja`` (``torch.utils.cpp_extension``). The build lives in
-``$ENTROGYM_CACHE/kernels/`` under a name keyed by the source, torch's version and this CPU's
+``$ENTROGYM_CACHE/kernels/`` under a name keyed by the sources, torch's version and this CPU's
 instruction sets (it is compiled with ``-march=native``), so a machine builds it once, in about
 a minute, and a changed source or CPU builds anew. ``ENTROGYM_DECODE_KERNEL=0`` turns it off.
 A build that fails is logged once and the decoder keeps torch's attention: the samples' math is
@@ -35,9 +40,12 @@ from entrogym.models import default_cache_dir
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("decode_attention.cpp")
+SOURCES = tuple(
+    Path(__file__).with_name(name)
+    for name in ("decode_kernels.h", "decode_attention.cpp", "decode_linear.cpp", "decode_ops.cpp")
+)
 FLAGS = ["-O3", "-march=native", "-fopenmp"]
-# (query rows per kv head, head dim) the kernel is compiled for: the EG_CASE list of the source
+# (query rows per kv head, head dim) the attention is compiled for: EG_SHAPES in its source
 SHAPES = frozenset(
     [(r, 64) for r in range(1, 9)] + [(1, 32), (2, 32), (4, 32)]
     + [(r, 128) for r in (1, 2, 3, 4, 8)]
@@ -65,16 +73,87 @@ def attention(
     head's query group as R rows), ``keys_t`` [B, G, d, C] (the cache's keys, transposed),
     ``values`` [B, G, C, d], ``valid`` [B, C] (True: the key is attended), over the first
     ``end`` columns. [B, G, R, d] in q's dtype."""
+    return _built().decode_attention(q.contiguous(), keys_t, values, valid, end)
+
+
+def attention_step(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    keys_t: torch.Tensor,
+    values: torch.Tensor,
+    valid: torch.Tensor,
+    column: int,
+) -> torch.Tensor:
+    """One decode step's attention with its prologue, as ``StaticDecoder._forward`` computes it
+    for one token per row: the queries and keys of ``qkv`` [B, (H + 2G) d] (the fused q|k|v
+    projection's output) rotated by ``cos``/``sin`` [B, d] (``static_decode.rotate``, rounded as
+    its three ops round), the key and value written into ``keys_t`` [B, G, d, C] and ``values``
+    [B, G, C, d] at ``column``, then :func:`attention` over the first ``column + 1`` columns
+    (``valid`` [B, C]). Returns [B, H d] in qkv's dtype."""
+    kernel = _built()
+    return kernel.decode_attention_step(qkv, cos, sin, keys_t, values, valid, column)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``F.rms_norm(x, weight.shape, weight, eps)`` of ``x`` [N, H] (Llama's RMSNorm), in fp32
+    from fp32 or bf16 and rounded once to x's dtype."""
+    return _built().decode_rms_norm(x, weight, eps)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``F.silu(gate) * up`` of ``gate_up`` [N, 2I] = gate | up, each op's result rounded to
+    its dtype as torch's two ops round."""
+    return _built().decode_silu_mul(gate_up)
+
+
+def cdf_sample(
+    scores: torch.Tensor, logits: torch.Tensor, uniforms: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row of ``scores`` [B, V] (fp32; the processed logits), drawn as
+    ``draws.inverse_cdf_draw(F.softmax(scores, -1))`` draws it for the same uniforms
+    (``uniforms`` [B] float64 in [0, 1): what that draw takes from torch's generator), with
+    ``log_softmax(logits)`` at it; ``logits`` [B, V] are the raw logits (``scores`` itself when
+    nothing processes them). Two passes over a row's logits, where softmax, the draw's float64
+    block sums and log-softmax took four. Returns ids [B] (int64) and log-probs [B] (fp32)."""
+    return _built().decode_cdf_sample(scores, logits, uniforms)
+
+
+def linear_supported() -> bool:
+    """Whether :func:`linear` runs here: the kernels built, for a CPU with AVX-512 (its 24 row
+    accumulators need 32 vector registers; elsewhere the decoder keeps oneDNN's kernel)."""
+    kernel = module() if enabled() else None
+    return kernel is not None and bool(kernel.decode_linear_supported())
+
+
+def linear_pack(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` [N, K] (fp32) packed for :func:`linear`: [ceil(N / 16), K, 16], each block of
+    16 output columns one sequential stream."""
+    return _built().decode_linear_pack(weight)
+
+
+def linear(
+    x: torch.Tensor, packed: torch.Tensor, n: int, residual: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``x @ weight.T`` (plus ``residual`` [M, n]) for ``x`` [M, K] fp32 and ``packed`` =
+    :func:`linear_pack` of ``weight`` [n, K]: ``F.linear``'s formula, summed over K in order,
+    with every weight read from memory once however many rows."""
+    return _built().decode_linear(x, packed, n, residual)
+
+
+def _built() -> Any:
     kernel = module()
     if kernel is None:
-        raise RuntimeError("the decode-attention kernel is not built (see the log)")
-    return kernel.decode_attention(q.contiguous(), keys_t, values, valid, end)
+        raise RuntimeError("the decode kernels are not built (see the log)")
+    return kernel
 
 
 def build_key() -> str:
-    """What the build depends on: the source, torch's version, the flags and this CPU's
+    """What the build depends on: the sources, torch's version, the flags and this CPU's
     instruction sets (``-march=native``)."""
-    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest = hashlib.sha256()
+    for source in SOURCES:
+        digest.update(source.read_bytes())
     digest.update(f"{torch.__version__}|{' '.join(FLAGS)}|{platform.machine()}".encode())
     digest.update(_cpu_flags().encode())
     return digest.hexdigest()[:16]
@@ -95,16 +174,16 @@ def module() -> Any | None:
     if platform.system() != "Linux":
         return None
     key = build_key()
-    folder = default_cache_dir() / "kernels" / f"decode_attention-{key}"
+    folder = default_cache_dir() / "kernels" / f"decode_kernels-{key}"
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with _build_lock(folder):
             return _load(folder, key)
-    except Exception as exc:  # a missing compiler, ninja or header: torch's attention instead
+    except Exception as exc:  # a missing compiler, ninja or header: torch's ops instead
         reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
         log.warning(
-            "entrogym: the decode-attention kernel could not be built (%s); the static decoder "
-            "uses torch's attention (same samples' math, slower)",
+            "entrogym: the decode kernels could not be built (%s); the static decoder "
+            "uses torch's ops (same samples' math, slower)",
             reason[:300],
         )
         return None
@@ -124,23 +203,22 @@ def _build_lock(folder: Path):
 def _load(folder: Path, key: str) -> Any:
     from torch.utils.cpp_extension import load
 
-    name = f"entrogym_decode_attention_{key}"
+    name = f"entrogym_decode_kernels_{key}"
     fresh = not any(folder.glob(f"{name}*.so"))
     if fresh:  # a warning, so that the minute's pause is explained where nothing logs INFO
         log.warning(
-            "entrogym: building the decode-attention kernel once per machine in %s (about a "
-            "minute)",
+            "entrogym: building the decode kernels once per machine in %s (about a minute)",
             folder,
         )
     start = time.perf_counter()
     kernel = load(
         name=name,
-        sources=[str(SOURCE)],
+        sources=[str(s) for s in SOURCES if s.suffix == ".cpp"],
         extra_cflags=FLAGS,
         extra_ldflags=["-fopenmp"],
         build_directory=str(folder),
         verbose=False,
     )
     if fresh:
-        log.info("entrogym: decode-attention kernel built in %.0f s", time.perf_counter() - start)
+        log.info("entrogym: decode kernels built in %.0f s", time.perf_counter() - start)
     return kernel

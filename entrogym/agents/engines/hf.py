@@ -25,12 +25,9 @@ from entrogym.agents.engines import DECODE_PATHS
 from entrogym.agents.engines.adapter_slots import load_into_slot
 from entrogym.agents.engines.base import Completion, Engine, SamplingParams, engine_dtype
 from entrogym.agents.engines.draws import STATIC_DRAWS
+from entrogym.agents.engines.sampling_copy import adapter_unsupported_reason
 from entrogym.agents.engines.shared_weights import model_on_tensors
-from entrogym.agents.engines.static_decode import (
-    StaticDecoder,
-    adapter_unsupported_reason,
-    unsupported_reason,
-)
+from entrogym.agents.engines.static_decode import StaticDecoder, unsupported_reason
 from entrogym.agents.engines.vllm_engine import adapter_key
 
 log = logging.getLogger(__name__)

@@ -7,9 +7,14 @@ the adapter is merged into a sampling copy of the weights once per adapter versi
 (``W + scaling * B A``, computed by peft's own ``get_delta_weight``, so its scaling, rank and
 alpha patterns and ``fan_in_fan_out`` hold), q/k/v and gate/up are each one matmul, the KV
 cache is allocated once for the batch, identical prompts (the K samples of one task) are
-prefilled once and the opening all prompts share once for them all (:func:`shared_prefix`),
-and on CPU a decode step's attention is one call of a C++ kernel for the whole batch
-(:mod:`decode_kernel`; the keys are then cached transposed).
+prefilled once and the opening all prompts share once for them all (:func:`shared_prefix`).
+On CPU a one-token step runs on C++ kernels (:mod:`decode_kernel`; the keys are then cached
+transposed): per layer, RMSNorm, the rotary embedding with the cache writes and the attention,
+and ``silu(gate) * up`` are one call each, the residual adds ride on the projections' calls,
+fp32 projections stream their weights through a kernel of the decoder's own where the CPU has
+AVX-512 (:class:`~entrogym.agents.engines.sampling_copy.Projection`), and the token draw with
+its log-prob is one call per step (:meth:`StaticDecoder._step`): eight calls per layer where
+torch's ops took about twenty.
 
 Sampling repeats ``generate``'s: the same logits processors (temperature, top-k, top-p, from
 ``transformers``), one ``torch.multinomial`` over every row per step (finished rows too, so
@@ -37,7 +42,8 @@ import torch.nn.functional as F
 from entrogym import onednn
 from entrogym.agents.engines import decode_kernel
 from entrogym.agents.engines.base import SamplingParams
-from entrogym.agents.engines.draws import multinomial_draw
+from entrogym.agents.engines.draws import inverse_cdf_draw, multinomial_draw
+from entrogym.agents.engines.sampling_copy import Projection, merged_weight
 
 
 def unsupported_reason(config: Any) -> str | None:
@@ -106,62 +112,6 @@ def shared_prefix(prompts: list[tuple[int, ...]]) -> int:
     return n
 
 
-def adapter_unsupported_reason(peft_config: Any) -> str | None:
-    """Why an adapter cannot be merged here (None: it can): only plain LoRA on linear layers."""
-    if getattr(peft_config, "use_dora", False):
-        return "it uses DoRA"
-    if getattr(peft_config, "bias", "none") != "none":
-        return f"it trains biases (bias={peft_config.bias!r})"
-    if getattr(peft_config, "modules_to_save", None):
-        return "it saves whole modules (modules_to_save)"
-    return None
-
-
-def merged_weight(module: torch.nn.Module, adapter: str | None) -> torch.Tensor:
-    """``module``'s weight with ``adapter`` merged in (peft's ``get_delta_weight``:
-    ``scaling * B A``, transposed for ``fan_in_fan_out``); the base weight itself when the
-    module carries no such adapter (or ``adapter`` is None)."""
-    base = getattr(module, "base_layer", module)
-    if base.bias is not None:
-        raise ValueError(f"{type(base).__name__} has a bias; the static path has none")
-    weight = base.weight
-    if adapter is not None and adapter in getattr(module, "lora_A", {}):
-        with torch.no_grad():
-            weight = weight + module.get_delta_weight(adapter).to(weight.dtype)
-    return weight.detach()
-
-
-def input_major(weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` [out, in] stored as its transpose [in, out], so that a step computes
-    ``x @ w`` instead of ``F.linear(x, weight)``. At a decode step's few rows the layouts run
-    at very different speeds on CPU: with 24 rows of SmolLM2's widths and 2 threads, MKL ran
-    ``F.linear`` at 31-44 GFLOP/s and ``x @ w`` at 62-137 (from 96 rows on they are alike;
-    ``benchmarks/matmul_layout.py``, docs/results.md). Whole decode steps ran 1.34x faster
-    with 2 threads, 1.04x with 1. The sampling copy is built once per adapter version, so its
-    layout costs one transpose."""
-    return weight.t().contiguous()
-
-
-class Projection:
-    """``x @ weight.T`` for a merged weight [out, in], stored the way a decode step's few rows
-    compute it fastest.
-
-    ``packed``: reordered once for oneDNN's linear kernel (:func:`entrogym.onednn.pack`), so
-    that no step repacks it. At 24 rows of SmolLM2, streaming 30 layers' weights as a step
-    does, oneDNN ran the step's matmuls at 292 GFLOP/s in fp32 against 88-110 for MKL's sgemm
-    in any layout, and at 498 GFLOP/s in bf16 against 252-301 (2 threads, an AMD EPYC;
-    ``benchmarks/onednn_kernels.py``, docs/results.md). The packed copy is the weight's size.
-    Otherwise (a GPU, a torch without oneDNN, or bf16 on a CPU without native bf16): stored
-    :func:`input_major`."""
-
-    def __init__(self, weight: torch.Tensor, packed: bool) -> None:
-        self.packed = packed
-        self.weight = onednn.pack(weight) if packed else input_major(weight)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return onednn.linear(x, self.weight) if self.packed else x @ self.weight
-
-
 @dataclass
 class _Layer:
     """One decoder block: its norms, and its merged projections (:class:`Projection`)."""
@@ -183,12 +133,14 @@ class StaticDecoder:
         net: torch.nn.Module,
         adapter: str | None,
         packed: bool | None = None,
-        fused_attention: bool | None = None,
+        kernels: bool | None = None,
     ) -> None:
-        """``packed``: store the projections packed for oneDNN (:class:`Projection`); None
-        packs wherever oneDNN runs (:func:`entrogym.onednn.supported`). ``fused_attention``:
-        a decode step's attention by the C++ kernel (:mod:`decode_kernel`), with the keys
-        cached transposed; None takes it wherever it runs (:func:`decode_kernel.supports`)."""
+        """``packed``: store the projections packed for a CPU kernel (:class:`Projection`: the
+        decoder's own in fp32 where the kernels run and the CPU has AVX-512, oneDNN's
+        otherwise); None packs wherever oneDNN runs (:func:`entrogym.onednn.supported`).
+        ``kernels``: one-token
+        steps on the C++ kernels (:mod:`decode_kernel`, :meth:`_step`), with the keys cached
+        transposed; None takes them wherever they run (:func:`decode_kernel.supports`)."""
         get_base = getattr(net, "get_base_model", None)
         lm = get_base() if callable(get_base) else net
         config = lm.config
@@ -201,24 +153,28 @@ class StaticDecoder:
             packed = onednn.supported(self.device, self.dtype)
         fp32_cpu = self.device.type == "cpu" and self.dtype == torch.float32
         self.step_attention = step_attention if fp32_cpu else sdpa_step
-        if fused_attention is None:
+        if kernels is None:
             group = (self.heads // self.kv_heads, self.head_dim)
-            fused_attention = decode_kernel.supports(self.device, self.dtype, *group)
-        # the kernel reads keys as [d, C] per (row, kv head): 16 keys' scores per load
-        self.fused_attention = fused_attention
+            kernels = decode_kernel.supports(self.device, self.dtype, *group)
+        # the attention kernel reads keys as [d, C] per (row, kv head): 16 keys' scores per load
+        self.kernels = kernels
         self.norm = lm.model.norm
         self.rotary = lm.model.rotary_emb
+        # packed fp32 weights on the decoder's own streaming kernel where it runs (AVX-512)
+        kernel = packed and kernels and self.dtype == torch.float32
+        kernel = kernel and decode_kernel.linear_supported()
         head = merged_weight(lm.lm_head, adapter)
         # packed, the head is a copy (the weight is often the input embedding itself, tied) that
         # pays: 4.7 ms a step against 15 for SmolLM2's in fp32. Unpacked, [V, hidden] is the
         # left factor: as fast as input-major here (matmul_layout.py), without a copy.
-        self.head = Projection(head, packed=True) if packed else head
+        self.head = Projection(head, packed=True, kernel=kernel) if packed else head
         self.layers = []
         for block in lm.model.layers:
             attn, mlp = block.self_attn, block.mlp
 
             def project(*mods: torch.nn.Module) -> Projection:
-                return Projection(torch.cat([merged_weight(m, adapter) for m in mods]), packed)
+                weight = torch.cat([merged_weight(m, adapter) for m in mods])
+                return Projection(weight, packed, kernel)
 
             self.layers.append(
                 _Layer(
@@ -235,41 +191,30 @@ class StaticDecoder:
     # ----- the forward ---------------------------------------------------------------------
 
     def _forward(
-        self,
-        ids: torch.Tensor,
-        positions: torch.Tensor,
-        mask: torch.Tensor,
-        start: int,
-        valid: torch.Tensor | None = None,
+        self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, start: int
     ) -> torch.Tensor:
         """Last-position logits (fp32) of ``ids`` [B, T] written at cache columns
-        ``start:start + T``; ``mask`` [B, 1, T, start + T] says which columns each query sees
-        (for one-token steps, ``valid`` [B, C] says it for every cache column: the fused
-        kernel's form)."""
+        ``start:start + T``; ``mask`` [B, 1, T, start + T] says which columns each query sees.
+        Torch's ops: the prefill, and one-token steps where the kernels do not run."""
         b, t = ids.shape
         h, kvh, d = self.heads, self.kv_heads, self.head_dim
         x = F.embedding(ids, self.embed)
         cos, sin = self.rotary(x, positions)
         end = start + t
-        fused = self.fused_attention
         for layer, (k_cache, v_cache) in zip(self.layers, self._cache, strict=True):
             qk, v = layer.qkv(rms_norm(x, layer.ln_in)).split([(h + kvh) * d, kvh * d], -1)
             qk = rotate(qk.view(b, t, h + kvh, d), cos, sin)
             q, k = qk[:, :, :h], qk[:, :, h:]
-            if fused:
+            if self.kernels:
                 k_cache[:, :, :, start:end] = k.permute(0, 2, 3, 1)
             else:
                 k_cache[:, :, start:end] = k.transpose(1, 2)
             v_cache[:, :, start:end] = v.view(b, t, kvh, d).transpose(1, 2)
             if t == 1:  # one query per row: each kv head's query group as its query rows
                 group = q.reshape(b, kvh, h // kvh, d)
-                if fused and valid is not None:
-                    out = decode_kernel.attention(group, k_cache, v_cache, valid, end)
-                else:
-                    out = self.step_attention(
-                        group, self._keys(k_cache, end), v_cache[:, :, :end], mask
-                    )
-                out = out.reshape(b, 1, h * d)
+                out = self.step_attention(
+                    group, self._keys(k_cache, end), v_cache[:, :, :end], mask
+                ).reshape(b, 1, h * d)
             else:
                 out = F.scaled_dot_product_attention(
                     q.transpose(1, 2), self._keys(k_cache, end), v_cache[:, :, :end],
@@ -279,15 +224,40 @@ class StaticDecoder:
             x = x + layer.o(out)
             gate, up = layer.gate_up(rms_norm(x, layer.ln_post)).chunk(2, -1)
             x = x + layer.down(F.silu(gate) * up)
-        last = rms_norm(x[:, -1], self.norm)
+        return self._logits(rms_norm(x[:, -1], self.norm))
+
+    def _step(
+        self, token: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, column: int
+    ) -> torch.Tensor:
+        """Logits (fp32) [B, V] of one new token per row, ``token`` [B] at ``positions`` [B],
+        written at cache column ``column``; ``valid`` [B, C] says which columns each row sees.
+        :meth:`_forward`'s math on the C++ kernels where they run (:attr:`kernels`): per layer
+        one call each for RMSNorm, the attention with its rotary embedding and cache writes,
+        and ``silu(gate) * up``, and the residual adds inside the projections' calls."""
+        if not self.kernels:
+            mask = valid[:, None, None, : column + 1]
+            return self._forward(token[:, None], positions[:, None], mask, column)
+        x = F.embedding(token, self.embed)
+        cos, sin = (c[:, 0].contiguous() for c in self.rotary(x[:, None], positions[:, None]))
+        for layer, (k_cache, v_cache) in zip(self.layers, self._cache, strict=True):
+            h = decode_kernel.rms_norm(x, layer.ln_in.weight, layer.ln_in.variance_epsilon)
+            qkv = layer.qkv(h)
+            out = decode_kernel.attention_step(qkv, cos, sin, k_cache, v_cache, valid, column)
+            x = layer.o.add(out, x)
+            h = decode_kernel.rms_norm(x, layer.ln_post.weight, layer.ln_post.variance_epsilon)
+            x = layer.down.add(decode_kernel.silu_mul(layer.gate_up(h)), x)
+        return self._logits(decode_kernel.rms_norm(x, self.norm.weight, self.norm.variance_epsilon))
+
+    def _logits(self, last: torch.Tensor) -> torch.Tensor:
+        """The LM head's fp32 logits [B, V] of the final norm's output ``last`` [B, hidden]."""
         if isinstance(self.head, Projection):
             return self.head(last).float()
         return (self.head @ last.T).T.float().contiguous()
 
     def _keys(self, k_cache: torch.Tensor, end: int) -> torch.Tensor:
         """The cache's first ``end`` keys as [B, G, end, d] (a view of the transposed cache
-        where the fused kernel is used)."""
-        return k_cache[..., :end].transpose(-1, -2) if self.fused_attention else k_cache[:, :, :end]
+        where the kernels are used)."""
+        return k_cache[..., :end].transpose(-1, -2) if self.kernels else k_cache[:, :, :end]
 
     def _prefill(
         self, prompts: list[list[int]], pad: int, columns: int
@@ -337,9 +307,9 @@ class StaticDecoder:
 
     def _empty_cache(self, rows: int, columns: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """A zeroed (keys, values) pair per layer for ``rows`` rows of ``columns`` tokens; the
-        keys transposed, [d, C] per (row, kv head), where the fused kernel reads them."""
+        keys transposed, [d, C] per (row, kv head), where the attention kernel reads them."""
         shape = (rows, self.kv_heads, columns, self.head_dim)
-        key_shape = (rows, self.kv_heads, self.head_dim, columns) if self.fused_attention else shape
+        key_shape = (rows, self.kv_heads, self.head_dim, columns) if self.kernels else shape
         like = {"dtype": self.dtype, "device": self.device}
         return [(torch.zeros(key_shape, **like), torch.zeros(shape, **like)) for _ in self.layers]
 
@@ -369,22 +339,32 @@ class StaticDecoder:
         stop_ids = torch.tensor(stops, dtype=torch.long, device=self.device)
         unfinished = torch.ones(len(prompts), dtype=torch.bool, device=self.device)
         tokens, logprobs = [], []
+        # the inverse-CDF draw and its log-prob in one kernel call on the logits, from the same
+        # uniforms (one float64 per row from torch's global stream, as the draw takes them)
+        fused_draw = self.kernels and draw is inverse_cdf_draw
         for step in range(max_new):
             scores = warp(logits)
-            greedy = params.temperature <= 0
-            token = scores.argmax(-1) if greedy else draw(F.softmax(scores, dim=-1))
+            if params.temperature <= 0:
+                token, logprob = scores.argmax(-1), None
+            elif fused_draw:
+                uniforms = torch.rand(len(prompts), dtype=torch.float64, device=self.device)
+                scores, logits = scores.contiguous(), logits.contiguous()
+                token, logprob = decode_kernel.cdf_sample(scores, logits, uniforms)
+            else:
+                token, logprob = draw(F.softmax(scores, dim=-1)), None
+            if logprob is None:
+                logprob = torch.log_softmax(logits, -1).gather(-1, token[:, None])[:, 0]
             if stops:
                 token = torch.where(unfinished, token, pad)
             tokens.append(token)
-            logprobs.append(torch.log_softmax(logits, -1).gather(-1, token[:, None])[:, 0])
+            logprobs.append(logprob)
             if stops:
                 unfinished &= ~torch.isin(token, stop_ids)
             if step + 1 == max_new or not unfinished.any():
                 break
             column = width + step
             valid[:, column] = True
-            mask = valid[:, None, None, : column + 1]
-            logits = self._forward(token[:, None], (lengths + step)[:, None], mask, column, valid)
+            logits = self._step(token, lengths + step, valid, column)
         self._cache = []
         return torch.stack(tokens, 1), torch.stack(logprobs, 1)
 
