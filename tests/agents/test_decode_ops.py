@@ -168,6 +168,10 @@ def test_bad_input_is_refused_in_one_line():
         decode_kernel.silu_mul(torch.ones(2, 7))
     with pytest.raises(RuntimeError, match="float64"):
         decode_kernel.cdf_sample(torch.ones(2, 8), torch.ones(2, 8), torch.rand(2))
+    no_mass = torch.full((2, 8), -torch.inf)
+    no_mass[0, 3] = 0.0  # one row with mass, one without
+    with pytest.raises(RuntimeError, match="a row with no mass"):
+        decode_kernel.cdf_sample(no_mass, no_mass, torch.rand(2, dtype=torch.float64))
 
 
 needs_avx512 = pytest.mark.skipif(

@@ -276,6 +276,8 @@ torch::Tensor decode_attention_step(const torch::Tensor& qkv, const torch::Tenso
   TORCH_CHECK(qkv.is_contiguous() && cos.is_contiguous() && sin.is_contiguous() &&
                   keys_t.is_contiguous() && values.is_contiguous() && valid.is_contiguous(),
               "decode_attention_step: contiguous tensors");
+  TORCH_CHECK(qkv.is_cpu() && keys_t.is_cpu() && values.is_cpu() && valid.is_cpu(),
+              "decode_attention_step: CPU tensors");
   const int64_t heads = qkv.size(1) / dim - 2 * groups, per_group = heads / groups;
   auto out = torch::empty({rows, heads * dim}, qkv.options());
   const float scale = 1.0f / std::sqrt(static_cast<float>(dim));

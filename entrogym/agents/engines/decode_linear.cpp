@@ -6,7 +6,7 @@
 // cache (2 threads, AMD EPYC). Here the weight is packed in blocks of 16 output columns, [K, 16]
 // each, so a block is one sequential stream; each 16-wide load of it feeds one FMA per row (up
 // to 24 rows, whose accumulators stay in registers over the whole K), and the stream is
-// prefetched 64 loads (4 KB) ahead: 348-379 GFLOP/s on the same machine (docs/rollouts.md).
+// prefetched 64 loads (4 KB) ahead: 371-379 GFLOP/s on the same machine (docs/results.md).
 // More rows go in chunks of 24 while a block is in cache, so the weight is still read once.
 //
 // It needs AVX-512's 32 vector registers for 24 accumulators: linear_supported() is false
@@ -74,7 +74,8 @@ bool decode_linear_supported() {
 
 // w [N, K] fp32 -> [ceil(N / 16), K, 16], the columns past N zero.
 torch::Tensor decode_linear_pack(const torch::Tensor& w) {
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kFloat, "decode_linear_pack: fp32 [N, K]");
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kFloat && w.is_cpu(),
+              "decode_linear_pack: an fp32 [N, K] weight on the CPU");
   const auto weight = w.contiguous();
   const int64_t n = weight.size(0), k = weight.size(1), blocks = (n + kLanes - 1) / kLanes;
   auto out = torch::zeros({blocks, k, kLanes}, weight.options());
@@ -96,7 +97,8 @@ torch::Tensor decode_linear_pack(const torch::Tensor& w) {
 torch::Tensor decode_linear(const torch::Tensor& x, const torch::Tensor& packed, int64_t n,
                             const c10::optional<torch::Tensor>& residual) {
   TORCH_CHECK(decode_linear_supported(), "decode_linear: built without AVX-512");
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "decode_linear: x must be fp32 [M, K]");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_cpu(),
+              "decode_linear: x must be fp32 [M, K] on the CPU");
   TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kFloat && packed.size(2) == kLanes &&
                   packed.size(1) == x.size(1) && packed.size(0) == (n + kLanes - 1) / kLanes &&
                   packed.is_contiguous(),

@@ -132,6 +132,7 @@ std::pair<int64_t, float> draw_row(const float* scores, const float* logits, int
     cdf[b] = running;
   }
   const double total = cdf[blocks - 1], u = uniform * total;  // uniform < 1, so u < total
+  if (!(total > 0.0) || !std::isfinite(total)) return {-1, 0.0f};  // no mass: the caller says so
   const int64_t block = std::upper_bound(cdf.begin(), cdf.begin() + blocks, u) - cdf.begin();
   const double before = block > 0 ? cdf[block - 1] : 0.0;
   const int64_t first = block * kBlock, last = std::min(vocab, first + kBlock);
@@ -166,6 +167,7 @@ torch::Tensor decode_rms_norm(const torch::Tensor& x, const torch::Tensor& weigh
               "decode_rms_norm: x [N, H] and weight [H]");
   TORCH_CHECK(x.scalar_type() == weight.scalar_type(), "decode_rms_norm: one dtype");
   TORCH_CHECK(x.is_contiguous() && weight.is_contiguous(), "decode_rms_norm: contiguous tensors");
+  TORCH_CHECK(x.is_cpu() && weight.is_cpu(), "decode_rms_norm: CPU tensors");
   auto y = torch::empty_like(x);
   const int64_t n = x.size(0), h = x.size(1);
   if (x.scalar_type() == at::kFloat) {
@@ -187,7 +189,7 @@ torch::Tensor decode_rms_norm(const torch::Tensor& x, const torch::Tensor& weigh
 torch::Tensor decode_silu_mul(const torch::Tensor& gate_up) {
   TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0,
               "decode_silu_mul: gate_up must be [N, 2 I]");
-  TORCH_CHECK(gate_up.is_contiguous(), "decode_silu_mul: a contiguous tensor");
+  TORCH_CHECK(gate_up.is_contiguous() && gate_up.is_cpu(), "decode_silu_mul: a contiguous CPU tensor");
   const int64_t n = gate_up.size(0), inner = gate_up.size(1) / 2;
   auto out = torch::empty({n, inner}, gate_up.options());
   if (gate_up.scalar_type() == at::kFloat) {
@@ -219,6 +221,8 @@ std::tuple<torch::Tensor, torch::Tensor> decode_cdf_sample(const torch::Tensor& 
               "decode_cdf_sample: uniforms must be float64 [B]");
   TORCH_CHECK(scores.is_contiguous() && logits.is_contiguous() && uniforms.is_contiguous(),
               "decode_cdf_sample: contiguous tensors");
+  TORCH_CHECK(scores.is_cpu() && logits.is_cpu() && uniforms.is_cpu(),
+              "decode_cdf_sample: CPU tensors");
   const int64_t rows = scores.size(0), vocab = scores.size(1);
   TORCH_CHECK(vocab >= 1, "decode_cdf_sample: an empty vocabulary");
   auto ids = torch::empty({rows}, scores.options().dtype(at::kLong));
@@ -242,6 +246,8 @@ std::tuple<torch::Tensor, torch::Tensor> decode_cdf_sample(const torch::Tensor& 
       out_lp[r] = lp;
     }
   }
+  TORCH_CHECK(rows == 0 || ids.min().item<int64_t>() >= 0,
+              "decode_cdf_sample: a row with no mass to draw from (every score -inf or NaN)");
   return {ids, logprobs};
 }
 
