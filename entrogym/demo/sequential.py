@@ -94,7 +94,7 @@ PAIRS: dict[str, TaskPair] = {
         why="one-digit + and - with negative answers, then the gcd of two numbers up to 10",
     ),
     # a task switch: |a - b| after signed a - b, where the sign A taught is wrong on 45 of 100
-    # pairs (base pass@1 0.13, pass@8 0.58; docs/results.md, 2026-12-04 23:40)
+    # pairs (base pass@1 0.13, pass@8 0.58; docs/results.md, 2026-12-05 00:37 and 01:40)
     "neg-abs": TaskPair(
         a=NEG1,
         b=Task(
