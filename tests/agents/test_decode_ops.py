@@ -217,6 +217,44 @@ def test_the_linear_kernel_refuses_a_weight_packed_for_another_shape():
         decode_kernel.linear(torch.randn(2, 8), packed, 40, torch.randn(2, 41))
 
 
+@needs_avx512
+def test_a_weight_packs_with_its_adapter_merged_in_as_peft_merges_it():
+    """``linear_pack_into`` of rows stacked at an offset: each block of 16 output columns is
+    ``W + scaling * B A`` (peft's merge, in fp64 here), the rows of another module untouched."""
+    gen = torch.Generator().manual_seed(6)
+    w, b, a = (torch.randn(*shape, generator=gen) for shape in ((32, 40), (32, 4), (4, 40)))
+    other = torch.randn(16, 40, generator=gen)
+    packed = torch.full((3, 40, 16), float("nan"))
+    decode_kernel.linear_pack_into(packed, 0, other)
+    decode_kernel.linear_pack_into(packed, 16, w, b, a, 0.5)
+    merged = w.double() + 0.5 * b.double() @ a.double()
+    unpacked = packed.permute(0, 2, 1).reshape(48, 40)  # block, column, K -> rows of W
+    assert torch.equal(unpacked[:16], other)
+    torch.testing.assert_close(unpacked[16:].double(), merged, rtol=0, atol=1e-5)
+    with pytest.raises(RuntimeError, match="whole blocks of 16"):
+        decode_kernel.linear_pack_into(packed, 8, w)
+
+
+@needs_avx512
+def test_an_adapter_free_head_is_packed_once_for_every_version():
+    """The decoders of two adapter versions share the packed LM head (no adapter on it) and
+    pack their adapted projections each; a head changed in place is packed anew."""
+    policy = randomise_lora_b(load_policy(resolve_model("tiny-random-llama"), lora=LoraSettings()))
+    first = StaticDecoder(policy, policy.active_adapter)
+    second = StaticDecoder(randomise_lora_b(policy, 2), policy.active_adapter)
+    if not first.head.kernel:
+        pytest.skip("the tiny model's head is not a multiple of 16 wide")
+    assert second.head is first.head
+    assert second.layers[0].qkv.weight.data_ptr() != first.layers[0].qkv.weight.data_ptr()
+    head = policy.get_base_model().lm_head.weight
+    with torch.no_grad():
+        head.add_(1.0)
+    third = StaticDecoder(policy, policy.active_adapter)
+    assert third.head is not first.head
+    x = torch.randn(3, head.shape[1])
+    torch.testing.assert_close(third.head(x), x @ head.detach().T, rtol=1e-5, atol=1e-5)
+
+
 LAYOUTS = [
     pytest.param({"packed": False}, id="input-major"),
     pytest.param({"packed": True}, id="onednn"),

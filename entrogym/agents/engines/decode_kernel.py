@@ -132,6 +132,21 @@ def linear_pack(weight: torch.Tensor) -> torch.Tensor:
     return _built().decode_linear_pack(weight)
 
 
+def linear_pack_into(
+    packed: torch.Tensor,
+    row: int,
+    weight: torch.Tensor,
+    lora_b: torch.Tensor | None = None,
+    lora_a: torch.Tensor | None = None,
+    scaling: float = 1.0,
+) -> None:
+    """Rows ``row:row + N`` (whole blocks of 16) of ``packed`` [blocks, K, 16] filled with
+    ``weight`` [N, K] (fp32) plus ``scaling * lora_b @ lora_a`` (a LoRA adapter merged in, as
+    peft merges it; none without the factors), in :func:`linear_pack`'s layout, in one pass: a
+    stacked projection (q|k|v) merges and packs each of its modules at its own rows."""
+    _built().decode_linear_pack_into(packed, row, weight, lora_b, lora_a, scaling)
+
+
 def linear(
     x: torch.Tensor, packed: torch.Tensor, n: int, residual: torch.Tensor | None = None
 ) -> torch.Tensor:

@@ -85,5 +85,8 @@ torch::Tensor decode_attention_step(const torch::Tensor& qkv, const torch::Tenso
                                     int64_t column);
 bool decode_linear_supported();
 torch::Tensor decode_linear_pack(const torch::Tensor& w);
+void decode_linear_pack_into(torch::Tensor& packed, int64_t row0, const torch::Tensor& w,
+                             const c10::optional<torch::Tensor>& lora_b,
+                             const c10::optional<torch::Tensor>& lora_a, double scale);
 torch::Tensor decode_linear(const torch::Tensor& x, const torch::Tensor& packed, int64_t n,
                             const c10::optional<torch::Tensor>& residual);

@@ -92,6 +92,62 @@ torch::Tensor decode_linear_pack(const torch::Tensor& w) {
   return out;
 }
 
+// Rows [row0, row0 + N) of a stacked packed weight ([ceil(total / 16), K, 16], row0 and N
+// multiples of 16) filled with w [N, K] + scale * lora_b [N, r] @ lora_a [r, K] (a LoRA
+// adapter merged in: Hu et al., "LoRA", 2021, eq. 3), or w alone without lora_b/lora_a. One pass
+// over w: each block of 16 rows is merged into a buffer in cache, then written transposed, where
+// peft's merge, the sum, the concatenation and the packing read and wrote the weights five times.
+void decode_linear_pack_into(torch::Tensor& packed, int64_t row0, const torch::Tensor& w,
+                             const c10::optional<torch::Tensor>& lora_b,
+                             const c10::optional<torch::Tensor>& lora_a, double scale) {
+  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kLanes && packed.is_contiguous() &&
+                  packed.scalar_type() == at::kFloat && packed.is_cpu(),
+              "decode_linear_pack_into: packed must be fp32 [blocks, K, 16]");
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kFloat && w.is_cpu() &&
+                  w.size(1) == packed.size(1),
+              "decode_linear_pack_into: w must be fp32 [N, K] with the packed weight's K");
+  const int64_t n = w.size(0), k = w.size(1);
+  TORCH_CHECK(row0 % kLanes == 0 && n % kLanes == 0 && row0 >= 0 &&
+                  (row0 + n) / kLanes <= packed.size(0),
+              "decode_linear_pack_into: rows must be whole blocks of 16 inside packed");
+  TORCH_CHECK(lora_b.has_value() == lora_a.has_value(),
+              "decode_linear_pack_into: lora_b and lora_a together");
+  const auto weight = w.contiguous();
+  torch::Tensor b, a;
+  int64_t rank = 0;
+  if (lora_b.has_value()) {
+    b = lora_b->to(at::kFloat).contiguous();
+    a = lora_a->to(at::kFloat).contiguous();
+    rank = a.size(0);
+    TORCH_CHECK(b.dim() == 2 && a.dim() == 2 && b.size(0) == n && b.size(1) == rank &&
+                    a.size(1) == k,
+                "decode_linear_pack_into: lora_b [N, r] and lora_a [r, K]");
+  }
+  const float* src = weight.data_ptr<float>();
+  const float* bp = rank ? b.data_ptr<float>() : nullptr;
+  const float* ap = rank ? a.data_ptr<float>() : nullptr;
+  float* dst = packed.data_ptr<float>() + (row0 / kLanes) * k * kLanes;
+  const float s = static_cast<float>(scale);
+  at::parallel_for(0, n / kLanes, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> rows(kLanes * k);
+    for (int64_t blk = begin; blk < end; ++blk) {
+      for (int64_t j = 0; j < kLanes; ++j) {
+        const int64_t row = blk * kLanes + j;
+        float* out = rows.data() + j * k;
+        std::memcpy(out, src + row * k, k * sizeof(float));
+        for (int64_t r = 0; r < rank; ++r) {  // out += (scale * b[row, r]) * a[r, :]
+          const float coef = s * bp[row * rank + r];
+          const float* ar = ap + r * k;
+          for (int64_t i = 0; i < k; ++i) out[i] += coef * ar[i];
+        }
+      }
+      float* block = dst + blk * k * kLanes;
+      for (int64_t i = 0; i < k; ++i)
+        for (int64_t j = 0; j < kLanes; ++j) block[i * kLanes + j] = rows[j * k + i];
+    }
+  });
+}
+
 // x [M, K] fp32; packed from decode_linear_pack of a [n, K] weight; residual [M, n] or None.
 // Returns x W^T (+ residual) [M, n].
 torch::Tensor decode_linear(const torch::Tensor& x, const torch::Tensor& packed, int64_t n,

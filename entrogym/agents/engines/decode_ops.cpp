@@ -260,6 +260,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_cdf_sample", &decode_cdf_sample, "one inverse-CDF draw per row, with its log-prob");
   m.def("decode_linear_supported", &decode_linear_supported, "whether decode_linear was built");
   m.def("decode_linear_pack", &decode_linear_pack, "an fp32 weight packed for decode_linear");
+  m.def("decode_linear_pack_into", &decode_linear_pack_into,
+        "rows of a packed weight filled with a weight and a LoRA adapter merged in",
+        pybind11::arg("packed"), pybind11::arg("row0"), pybind11::arg("w"),
+        pybind11::arg("lora_b") = pybind11::none(), pybind11::arg("lora_a") = pybind11::none(),
+        pybind11::arg("scale") = 1.0);
   m.def("decode_linear", &decode_linear, "x W^T (+ a residual) over a packed fp32 weight",
         pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("n"),
         pybind11::arg("residual") = pybind11::none());

@@ -5,6 +5,7 @@ fastest (:class:`Projection`), and which adapters can be merged at all
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -36,6 +37,63 @@ def merged_weight(module: torch.nn.Module, adapter: str | None) -> torch.Tensor:
         with torch.no_grad():
             weight = weight + module.get_delta_weight(adapter).to(weight.dtype)
     return weight.detach()
+
+
+def kernel_pack(modules: list[torch.nn.Module], adapter: str | None) -> torch.Tensor | None:
+    """``modules``' weights (stacked along the output: q|k|v, gate|up, or one) with ``adapter``
+    merged in, packed straight into :func:`decode_kernel.linear`'s layout in one pass
+    (:func:`decode_kernel.linear_pack_into`: ``W + scaling * B A`` from each module's own LoRA
+    factors and scaling, as peft's ``get_delta_weight`` forms it); None where that does not
+    apply and :func:`merged_weight` must (weights not fp32, an output width not a multiple of
+    16, a ``fan_in_fan_out`` layer)."""
+    bases = [getattr(m, "base_layer", m) for m in modules]
+    for base in bases:
+        if base.bias is not None:
+            raise ValueError(f"{type(base).__name__} has a bias; the static path has none")
+    merging = [adapter is not None and adapter in getattr(m, "lora_A", {}) for m in modules]
+    if any(b.weight.dtype != torch.float32 or b.weight.shape[0] % 16 for b in bases):
+        return None
+    if any(m.fan_in_fan_out for m, merge in zip(modules, merging, strict=True) if merge):
+        return None
+    rows = sum(base.weight.shape[0] for base in bases)
+    packed = torch.empty(rows // 16, bases[0].weight.shape[1], 16)
+    row = 0
+    with torch.no_grad():
+        for module, base, merge in zip(modules, bases, merging, strict=True):
+            if merge:
+                b, a = module.lora_B[adapter].weight, module.lora_A[adapter].weight
+                scaling = module.scaling[adapter]
+                decode_kernel.linear_pack_into(packed, row, base.weight, b, a, scaling)
+            else:
+                decode_kernel.linear_pack_into(packed, row, base.weight)
+            row += base.weight.shape[0]
+    return packed
+
+
+# Kernel projections of weights no adapter touches (an adapter-free LM head, often the tied
+# input embedding: 113 MB of SmolLM2's 537), by the weights' identities: packed once and shared
+# by every adapter version's sampling copy, where each version packed its own again.
+_SHARED: dict[tuple[int, ...], tuple[list[weakref.ref], list[int], Projection]] = {}
+
+
+def shared_kernel_projection(modules: list[torch.nn.Module]) -> Projection | None:
+    """The kernel projection of ``modules``' base weights (:func:`kernel_pack` with no adapter),
+    packed once while those weights live unchanged (the same tensors, at the same in-place
+    version) and shared by every caller; None where :func:`kernel_pack` does not apply."""
+    weights = [getattr(m, "base_layer", m).weight for m in modules]
+    for key in [k for k, (refs, _, _) in _SHARED.items() if any(r() is None for r in refs)]:
+        del _SHARED[key]  # weights that are gone
+    key = tuple(id(w) for w in weights)
+    hit = _SHARED.get(key)
+    versions = [w._version for w in weights]
+    if hit and all(r() is w for r, w in zip(hit[0], weights, strict=True)) and hit[1] == versions:
+        return hit[2]
+    stored = kernel_pack(modules, None)
+    if stored is None:
+        return None
+    projection = Projection.kernel_packed(stored, stored.shape[0] * 16)
+    _SHARED[key] = ([weakref.ref(w) for w in weights], versions, projection)
+    return projection
 
 
 def input_major(weight: torch.Tensor) -> torch.Tensor:
@@ -74,6 +132,15 @@ class Projection:
             self.weight = onednn.pack(weight)
         else:
             self.weight = input_major(weight)
+
+    @classmethod
+    def kernel_packed(cls, packed: torch.Tensor, out: int) -> Projection:
+        """A ``kernel`` projection of a weight already in :func:`decode_kernel.linear`'s layout
+        (:func:`kernel_pack`), of ``out`` output features."""
+        projection = cls.__new__(cls)
+        projection.out, projection.kernel, projection.packed = out, True, True
+        projection.weight = packed
+        return projection
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernel:

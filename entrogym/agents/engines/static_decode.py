@@ -43,7 +43,12 @@ from entrogym import onednn
 from entrogym.agents.engines import decode_kernel
 from entrogym.agents.engines.base import SamplingParams
 from entrogym.agents.engines.draws import inverse_cdf_draw, multinomial_draw
-from entrogym.agents.engines.sampling_copy import Projection, merged_weight
+from entrogym.agents.engines.sampling_copy import (
+    Projection,
+    kernel_pack,
+    merged_weight,
+    shared_kernel_projection,
+)
 
 
 def unsupported_reason(config: Any) -> str | None:
@@ -163,19 +168,29 @@ class StaticDecoder:
         # packed fp32 weights on the decoder's own streaming kernel where it runs (AVX-512)
         kernel = packed and kernels and self.dtype == torch.float32
         kernel = kernel and decode_kernel.linear_supported()
-        head = merged_weight(lm.lm_head, adapter)
+
+        def project(*mods: torch.nn.Module) -> Projection:
+            """The merged projection of ``mods`` stacked, merged and packed in one pass where
+            the streaming kernel takes it (:func:`kernel_pack`)."""
+            adapted = any(adapter in getattr(m, "lora_A", {}) for m in mods)
+            if kernel and not adapted:  # the base weights' own, packed once for every version
+                shared = shared_kernel_projection(list(mods))
+                if shared is not None:
+                    return shared
+            stored = kernel_pack(list(mods), adapter) if kernel else None
+            if stored is not None:
+                return Projection.kernel_packed(stored, stored.shape[0] * 16)
+            if len(mods) == 1:
+                return Projection(merged_weight(mods[0], adapter), packed, kernel)
+            return Projection(torch.cat([merged_weight(m, adapter) for m in mods]), packed, kernel)
+
         # packed, the head is a copy (the weight is often the input embedding itself, tied) that
         # pays: 4.7 ms a step against 15 for SmolLM2's in fp32. Unpacked, [V, hidden] is the
         # left factor: as fast as input-major here (matmul_layout.py), without a copy.
-        self.head = Projection(head, packed=True, kernel=kernel) if packed else head
+        self.head = project(lm.lm_head) if packed else merged_weight(lm.lm_head, adapter)
         self.layers = []
         for block in lm.model.layers:
             attn, mlp = block.self_attn, block.mlp
-
-            def project(*mods: torch.nn.Module) -> Projection:
-                weight = torch.cat([merged_weight(m, adapter) for m in mods])
-                return Projection(weight, packed, kernel)
-
             self.layers.append(
                 _Layer(
                     ln_in=block.input_layernorm,
