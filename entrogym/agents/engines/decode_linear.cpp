@@ -2,11 +2,11 @@
 // decode step, streaming each weight from memory once per step.
 //
 // Why: at a decode step's 24 rows a step reads every weight once (537 MB for SmolLM2 in fp32),
-// and oneDNN's kernel ran those reads at 277-299 GFLOP/s against 439 for one weight held in
-// cache (2 threads, AMD EPYC). Here the weight is packed in blocks of 16 output columns, [K, 16]
+// and oneDNN's kernel ran those reads at 293 GFLOP/s against 446 for one weight held in cache
+// (2 threads, AMD EPYC, idle). Here the weight is packed in blocks of 16 output columns, [K, 16]
 // each, so a block is one sequential stream; each 16-wide load of it feeds one FMA per row (up
 // to 24 rows, whose accumulators stay in registers over the whole K), and the stream is
-// prefetched 64 loads (4 KB) ahead: 371-379 GFLOP/s on the same machine (docs/results.md).
+// prefetched 64 loads (4 KB) ahead: 430 GFLOP/s on the same machine, idle (docs/results.md).
 // More rows go in chunks of 24 while a block is in cache, so the weight is still read once.
 //
 // It needs AVX-512's 32 vector registers for 24 accumulators: linear_supported() is false

@@ -113,7 +113,7 @@ class Projection:
 
     ``kernel``: packed for the decoder's own fp32 kernel (:func:`decode_kernel.linear`), which
     streams each weight once per step: at 24 rows of SmolLM2 on an AMD EPYC (2 threads) it ran
-    a step's projections at 371-379 GFLOP/s against oneDNN's 285-299 (docs/results.md).
+    a step's projections at 430 GFLOP/s against oneDNN's 293 (idle; docs/results.md).
     ``packed``: reordered once for oneDNN's linear kernel (:func:`entrogym.onednn.pack`), so
     that no step repacks it. At 24 rows of SmolLM2, streaming 30 layers' weights as a step
     does, oneDNN ran the step's matmuls at 292 GFLOP/s in fp32 against 88-110 for MKL's sgemm
