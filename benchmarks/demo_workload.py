@@ -15,13 +15,15 @@ from entrogym.demo import (
     DEFAULT_LR,
     ENV,
     ENV_KWARGS,
+    PAIRS,
     SYSTEM_PROMPT,
     demo_agent,
     demo_config,
 )
 
 __all__ = [
-    "AGENT", "DEFAULT_LR", "ENV", "ENV_KWARGS", "SYSTEM_PROMPT", "demo_agent", "demo_config", "demo_prompts",
+    "AGENT", "DEFAULT_LR", "ENV", "ENV_KWARGS", "PAIRS", "SYSTEM_PROMPT", "demo_agent", "demo_config",
+    "demo_prompts",
 ]  # fmt: skip
 
 

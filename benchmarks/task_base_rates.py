@@ -24,7 +24,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from demo_workload import AGENT
+from demo_workload import AGENT, PAIRS
 
 from entrogym.agents.agent import LLMAgent
 from entrogym.agents.config import AgentConfig
@@ -66,18 +66,9 @@ CANDIDATES: dict[str, tuple[str, dict[str, Any]]] = {
             "num_test": 40,
         },
     ),
-    "arith-1digit-sub-abs": (
-        ARITHMETIC,
-        # the same 100 pairs as |a - b|: on the 45 negative differences the signed answer is wrong
-        {
-            "max_digits": 1,
-            "operations": "-",
-            "allow_negative": True,
-            "absolute": True,
-            "num_train": 60,
-            "num_test": 40,
-        },
-    ),
+    # the same 100 pairs as |a - b|: on the 45 negative differences the signed answer is wrong
+    # (the neg-abs pair's B)
+    "arith-1digit-sub-abs": (PAIRS["neg-abs"].b.env, PAIRS["neg-abs"].b.env_kwargs),
     "arith-1digit-sub-abs-neg": (
         ARITHMETIC,
         # the 45 pairs negative inside the bars only: the signed answer is wrong on every task

@@ -17,7 +17,9 @@ The runner and its grader are public too, for work that measures against the dem
 (``benchmarks/entropy_hold.py``): ``plan_jobs`` (every run and seed as a job), ``run_job`` (one
 job's body), ``run_jobs`` (a process pool, ``pool.py``), ``announce_demo`` (a job's line),
 ``held_out_accuracy`` (the eval rows' grader for any
-adapter) and ``tracking`` (a run's tracking error and largest excursion from its target).
+adapter) and ``tracking`` (a run's tracking error and largest excursion from its target); and
+the sequential experiment's registered task pairs (``PAIRS``), whose tasks the base-rate
+screen measures.
 """
 
 from entrogym.demo.config import (
@@ -51,9 +53,10 @@ from entrogym.demo.run import (
     run_job,
     train_one,
 )
+from entrogym.demo.sequential import PAIRS
 
 __all__ = [
-    "ACCURACY_SLACK", "AGENT", "announce_demo", "BAND", "DEFAULT_ITERATIONS", "DEFAULT_LR", "DEFAULT_RUNS",
+    "ACCURACY_SLACK", "AGENT", "announce_demo", "BAND", "PAIRS", "DEFAULT_ITERATIONS", "DEFAULT_LR", "DEFAULT_RUNS",
     "DEFAULT_SEEDS", "DEMO_UPDATE", "DemoRun", "ENV", "ENV_KWARGS", "FALL", "FIRST_TRACKED",
     "SAMPLES", "SYSTEM_PROMPT", "TASKS", "demo_agent", "demo_config", "evaluate_base", "goal",
     "held_out_accuracy", "plan_jobs", "plot_demo", "report", "run_demo", "run_job", "run_jobs",
