@@ -56,8 +56,8 @@ from entrogym.demo.run import (
 from entrogym.demo.sequential import PAIRS
 
 __all__ = [
-    "ACCURACY_SLACK", "AGENT", "announce_demo", "BAND", "PAIRS", "DEFAULT_ITERATIONS", "DEFAULT_LR", "DEFAULT_RUNS",
-    "DEFAULT_SEEDS", "DEMO_UPDATE", "DemoRun", "ENV", "ENV_KWARGS", "FALL", "FIRST_TRACKED",
+    "ACCURACY_SLACK", "AGENT", "announce_demo", "BAND", "DEFAULT_ITERATIONS", "DEFAULT_LR", "DEFAULT_RUNS",
+    "DEFAULT_SEEDS", "DEMO_UPDATE", "DemoRun", "ENV", "ENV_KWARGS", "FALL", "FIRST_TRACKED", "PAIRS",
     "SAMPLES", "SYSTEM_PROMPT", "TASKS", "demo_agent", "demo_config", "evaluate_base", "goal",
     "held_out_accuracy", "plan_jobs", "plot_demo", "report", "run_demo", "run_job", "run_jobs",
     "tracking", "train_one", "verdict",
