@@ -397,7 +397,7 @@ def policy_update(
         "entropy_exact": tally.exact_entropy_mean(exact_tokens),
         "entropy_tracked": tracked,
         "reward_mean": float(batch.rewards.float().mean()),
-        "zero_adv_groups": zero_advantage_groups(batch.advantages, batch.group_ids),
+        "zero_adv_groups": zero_advantage_groups(batch.trajectory_signal(), batch.group_ids),
         "optimizer_steps": tally.steps,
         "skipped_steps": tally.skipped,
         **dict.fromkeys(CONTROL_METRICS),

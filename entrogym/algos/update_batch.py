@@ -18,13 +18,14 @@ from dataclasses import dataclass
 import torch
 
 from entrogym.algos.advantages import compute_advantages
+from entrogym.algos.turns import per_token_advantages, turn_advantages, turn_counts
 
 
 @dataclass
 class Rows:
     """The update's tensors for some rows, cut to the width of their longest row."""
 
-    advantages: torch.Tensor  # [b]
+    advantages: torch.Tensor  # [b], or [b, w] where the batch has per-token advantages
     old_logprobs: torch.Tensor  # [b, w]
     mask: torch.Tensor  # [b, w]
     sampler_logprobs: torch.Tensor | None = None  # [b, w]; None: the batch has none
@@ -45,6 +46,16 @@ class UpdateBatch:
     ``attention_mask[B, T]`` (1 on real tokens), the engine's ``sampler_logprobs[B, T]`` (0
     off the mask; in the loss only through ``algo.is_correction``'s weights) and ``versions[B]``: the weight version
     that sampled each row (``--max-staleness``).
+
+    Per-turn rewards (``--turn-rewards``): ``turn_rewards[B, J]`` holds what each turn of a row
+    was paid (its turns are the contiguous runs of ``mask``, ``entrogym.algos.turns``; J the most
+    turns of a row, 0 past a row's own), and ``rewards`` each row's return. Then
+    :meth:`compute_advantages` also sets ``token_advantages[B, T]``: each action token gets the
+    advantage of its turn (:func:`~entrogym.algos.turns.turn_advantages`; 0 off the mask), and
+    the loss uses them instead of ``advantages``, which stay the per-trajectory ones (the
+    estimator on the returns, for the metrics). Per-token advantages may also be given to
+    :meth:`build` directly; their width is the mask's, checked there and in :meth:`rows`.
+    Without either field a batch is what it always was.
     """
 
     rewards: torch.Tensor
@@ -57,6 +68,8 @@ class UpdateBatch:
     attention_mask: torch.Tensor | None = None
     sampler_logprobs: torch.Tensor | None = None
     versions: torch.Tensor | None = None
+    turn_rewards: torch.Tensor | None = None
+    token_advantages: torch.Tensor | None = None
 
     @classmethod
     def build(
@@ -68,15 +81,20 @@ class UpdateBatch:
         mask: torch.Tensor,
         lengths: torch.Tensor | None = None,
         old_logprobs: torch.Tensor | None = None,
+        turn_rewards: torch.Tensor | None = None,
+        token_advantages: torch.Tensor | None = None,
         **tokens: torch.Tensor | None,
     ) -> UpdateBatch:
         """Renumber ``group_ids`` (any ints) to 0..G-1 and compute the ``advantage`` estimator's
         advantages (``"rloo"`` or ``"grpo"``; None: later, :meth:`compute_advantages`);
-        ``lengths`` default to the full width T; ``tokens``: the LLM fields (class doc)."""
+        ``lengths`` default to the full width T; ``tokens``: the LLM fields; ``turn_rewards``
+        ``[B, J]`` and ``token_advantages`` ``[B, T]``: per-turn rewards and per-token
+        advantages (class doc)."""
         if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
             raise ValueError(f"mask must be a [B, T] tensor, got {getattr(mask, 'shape', mask)}")
-        for name, value in (("old_logprobs", old_logprobs), *tokens.items()):
-            if name not in _TOKEN_FIELDS and name != "old_logprobs":
+        given = (("old_logprobs", old_logprobs), ("token_advantages", token_advantages))
+        for name, value in (*given, *tokens.items()):
+            if name not in (*_TOKEN_FIELDS, "old_logprobs", "token_advantages"):
                 raise TypeError(f"UpdateBatch has no field {name!r}")
             want = mask.shape[:1] if name == "versions" else mask.shape
             if value is not None and value.shape != want:
@@ -89,15 +107,31 @@ class UpdateBatch:
             raise ValueError(f"lengths must be [B] with values <= T = {mask.shape[1]}")
         if bool(((mask != 0) & (torch.arange(mask.shape[1]) >= lengths[:, None])).any()):
             raise ValueError("mask: action tokens past a row's length; check lengths")
+        if turn_rewards is not None:
+            _check_turn_rewards(turn_rewards, mask)
         _, dense = torch.unique(torch.as_tensor(group_ids), return_inverse=True)
-        batch = cls(rewards, dense, mask, lengths, old_logprobs=old_logprobs, **tokens)
+        batch = cls(rewards, dense, mask, lengths, old_logprobs=old_logprobs,
+                    turn_rewards=turn_rewards, token_advantages=token_advantages,
+                    **tokens)  # fmt: skip
         if advantage is not None:
             batch.compute_advantages(advantage)
         return batch
 
     def compute_advantages(self, advantage: str) -> None:
-        """The ``advantage`` estimator's advantages of the rows (``"rloo"`` or ``"grpo"``)."""
+        """The ``advantage`` estimator's advantages of the rows (``"rloo"`` or ``"grpo"``), and,
+        where the batch has per-turn rewards, its per-token advantages (class doc)."""
         self.advantages = compute_advantages(advantage, self.rewards, self.group_ids)
+        if self.turn_rewards is not None:
+            counts = turn_counts(self.mask)
+            per_turn = turn_advantages(advantage, self.turn_rewards, counts, self.group_ids)
+            self.token_advantages = per_token_advantages(per_turn, self.mask)
+
+    def trajectory_signal(self) -> torch.Tensor:
+        """``[B]``, 0 exactly where a row carries no policy-gradient signal: the advantages, or
+        with per-token advantages each row's largest |A| over its tokens."""
+        if self.token_advantages is None:
+            return self.advantages
+        return (self.token_advantages * (self.mask > 0)).abs().amax(dim=1)
 
     def __len__(self) -> int:
         return int(self.mask.shape[0])
@@ -153,9 +187,15 @@ class UpdateBatch:
             raise ValueError("advantages are not computed yet (compute_advantages)")
         w = self.width(index)
         sampler = None if self.sampler_logprobs is None else self.sampler_logprobs[index, :w]
-        return Rows(
-            self.advantages[index], self.old_logprobs[index, :w], self.mask[index, :w], sampler
-        )
+        advantages = self.advantages[index]
+        if self.token_advantages is not None:
+            if self.token_advantages.shape != self.mask.shape:
+                raise ValueError(
+                    f"token_advantages shape {tuple(self.token_advantages.shape)} must be "
+                    f"{tuple(self.mask.shape)} (mask's): one advantage per token"
+                )
+            advantages = self.token_advantages[index, :w]
+        return Rows(advantages, self.old_logprobs[index, :w], self.mask[index, :w], sampler)
 
     def store_old_logprobs(self, index: torch.Tensor, logprobs: torch.Tensor) -> None:
         """Record rows ``index``'s old log-probs (``[b, width(index)]``, detached)."""
@@ -166,6 +206,17 @@ class UpdateBatch:
 
 
 _TOKEN_FIELDS = ("input_ids", "attention_mask", "sampler_logprobs", "versions")
+
+
+def _check_turn_rewards(turn_rewards: torch.Tensor, mask: torch.Tensor) -> None:
+    """``turn_rewards`` must be ``[B, J]``, J the most turns (runs of ``mask``) of a row."""
+    most = int(turn_counts(mask).max()) if mask.shape[0] else 0
+    want = (mask.shape[0], most)
+    if not isinstance(turn_rewards, torch.Tensor) or tuple(turn_rewards.shape) != want:
+        raise ValueError(
+            f"turn_rewards shape {tuple(getattr(turn_rewards, 'shape', ()))} must be "
+            f"{want}: one reward per turn (a contiguous run of mask) of the row with the most"
+        )
 
 
 def minibatch_indices(
