@@ -20,7 +20,12 @@ from entrogym.agents.agent import LLMAgent, Transcript, TurnEnd
 from entrogym.agents.engines.base import Engine, SamplingParams
 from entrogym.agents.env_workers import EnvWorkers, error_name
 from entrogym.envs.base import env_attr, make_text_env
-from entrogym.envs.contract import check_reply, check_step_reward, check_terminal_reward
+from entrogym.envs.contract import (
+    EnvContractError,
+    check_reply,
+    check_step_reward,
+    check_terminal_reward,
+)
 
 EnvSource = str | Callable[[], Any]
 
@@ -43,11 +48,24 @@ class EpisodeRun:
     env_s: float = 0.0
     start: float = field(default_factory=time.perf_counter)
     end: float = 0.0
+    # per-turn rewards (a run with turn_rewards): what each turn was paid; None otherwise
+    turn_rewards: list[float] | None = None
 
     def finish(self, reward: float = 0.0, truncated: bool = False, **info: Any) -> None:
         self.done, self.reward, self.truncated = True, float(reward), truncated
         self.info.update(info)
         self.end = time.perf_counter()
+
+    def pay(self, reward: float) -> None:
+        """Record a per-turn reward: the current turn's, or, when the env pays once more after
+        the last turn was paid (``end_episode``), added to that turn's."""
+        paid, turns = self.turn_rewards, self.transcript.num_turns if self.transcript else 0
+        if paid is None:
+            return
+        if len(paid) < turns or not paid:
+            paid.append(float(reward))
+        else:
+            paid[-1] += float(reward)
 
     def fail(self, env_id: str, where: str, error: BaseException) -> None:
         """End the episode as failed; the message names the env, the task and the error."""
@@ -88,8 +106,10 @@ class Collection:
         chunk_tokens: int | None,
         workers: EnvWorkers | None,
         env_timeout: float | None,
+        turn_rewards: bool = False,
     ) -> None:
         self.source, self.env_kwargs = source, env_kwargs
+        self.turn_rewards = turn_rewards  # envs may pay a reward on every step
         self.engine, self.agent, self.adapter = engine, agent, adapter
         self.sampling, self.chunk_tokens = sampling, chunk_tokens
         self.workers, self.env_timeout = workers, env_timeout
@@ -139,6 +159,8 @@ class Collection:
         finally:
             r.env_s += time.perf_counter() - t0
         r.info.update(info)
+        if self.turn_rewards:
+            r.turn_rewards = []
         return observation
 
     def step(self, active: list[EpisodeRun]) -> None:
@@ -178,10 +200,10 @@ class Collection:
             self._context_full(r)
             return None
         if end.limit == "turn" and self.agent.on_turn_budget == "truncate":
-            r.finish(0.0, truncated=True, truncated_by=end.limit, success=False)
+            self._end_unstepped(r, truncated=True, truncated_by=end.limit)
             return None
         if not end.text:
-            r.finish(0.0, empty_action=True, success=False)  # envs take at least one character
+            self._end_unstepped(r, empty_action=True)  # envs take at least one character
             return None
         t0 = time.perf_counter()
         try:
@@ -191,7 +213,11 @@ class Collection:
                     flag()
             observation, reward, terminated, truncated, info = r.env.step(end.text)
             check_reply(observation, info)
-            check_step_reward(reward, terminated or truncated, env_attr(r.env, "reward_range"))
+            rewards = env_attr(r.env, "reward_range")
+            check_step_reward(reward, terminated or truncated, rewards, self.turn_rewards)
+            r.pay(reward)
+            if terminated or truncated:
+                reward = self._return(r, reward)
         except Exception as e:  # noqa: BLE001
             r.fail(self.env_id, "step", e)
             return None
@@ -207,20 +233,42 @@ class Collection:
             return None
         return observation
 
+    def _end_unstepped(self, r: EpisodeRun, **info: Any) -> None:
+        """End an episode whose last turn the env never saw (cut at the turn budget, or
+        empty) as a failure: that turn earns 0 (turns before keep what they were paid)."""
+        r.pay(0.0)
+        try:
+            reward = self._return(r, 0.0)
+        except EnvContractError as e:
+            r.fail(self.env_id, "step", e)
+            return
+        r.finish(reward, success=False, **info)
+
+    def _return(self, r: EpisodeRun, reward: float) -> float:
+        """The episode's reward: ``reward`` (the last step's), or with per-turn rewards the
+        return, the sum of every turn's, which must lie within the env's ``reward_range``."""
+        if r.turn_rewards is None:
+            return reward
+        total = float(sum(r.turn_rewards))
+        check_terminal_reward(total, env_attr(r.env, "reward_range"))
+        return total
+
     def _context_full(self, r: EpisodeRun) -> None:
         """The context window is full: the episode ends with the env's own terminal outcome
         (``TextEnv.end_episode``: AppWorld runs its evaluator on the world as it is), or as a
         failure for envs without one."""
         end = env_attr(r.env, "end_episode")
         reward, info = 0.0, {"success": False}
-        if end is not None:
-            try:
+        try:
+            if end is not None:
                 reward, info = end()
                 check_reply("", info)
                 check_terminal_reward(reward, env_attr(r.env, "reward_range"))
-            except Exception as e:  # noqa: BLE001
-                r.fail(self.env_id, "end_episode", e)
-                return
+            r.pay(reward)
+            reward = self._return(r, reward)
+        except Exception as e:  # noqa: BLE001
+            r.fail(self.env_id, "end_episode", e)
+            return
         r.info.update(info)
         r.finish(reward, truncated=True, truncated_by="context", success=bool(info.get("success")))
 

@@ -62,6 +62,11 @@ class AgentConfig:
         system_prompt: system message for the agent (None = the env's / template's default).
         chat_template: a Jinja chat template file for a tokenizer without one, or to replace
             the model's (None = the tokenizer's own).
+        turn_rewards: take per-turn rewards: an env may pay a reward on every step (not only
+            the last), an episode's reward is their sum, and training gives each turn's
+            tokens the advantage of that turn's return-to-go (docs/algorithms.md). Off (the
+            default): rewards are terminal and a reward paid before the last step is an env
+            error.
     """
 
     model: str = "smollm2-135m-instruct"
@@ -79,6 +84,7 @@ class AgentConfig:
     temperature: float = 1.0
     system_prompt: str | None = None
     chat_template: str | None = None
+    turn_rewards: bool = False
 
     def __post_init__(self) -> None:
         self.check_agent()

@@ -14,11 +14,12 @@ fails its own episodes and the worker is replaced; ``env_workers=0`` runs them h
 Episode errors are data: an env that raises (reset, step, end_episode), times out, dies, or
 breaks the text-env contract (:mod:`entrogym.envs.contract`: an observation that is not UTF-8
 text; an ``info["success"]`` that is not a bool; a reward that is not a real number, is paid
-before the last step, is not finite or lies outside the env's ``reward_range``) fails that
-episode only. It comes back with reward 0 and ``Episode.error`` (env id, task id, message), is
-counted in ``stats["env_errors"]``, its message goes to stderr once, the trainer leaves it out,
-and :func:`check_env_errors` stops a run whose failed share is too high. Env attributes are
-reached with ``env.get_wrapper_attr``, so envs wrapped in Gymnasium wrappers work.
+before the last step (unless ``turn_rewards``), is not finite or lies outside the env's
+``reward_range``) fails that episode only. It comes back with reward 0 and ``Episode.error``
+(env id, task id, message), is counted in ``stats["env_errors"]``, its message goes to stderr
+once, the trainer leaves it out, and :func:`check_env_errors` stops a run whose failed share
+is too high. Env attributes are reached with ``env.get_wrapper_attr``, so envs wrapped in
+Gymnasium wrappers work.
 """
 
 from __future__ import annotations
@@ -151,6 +152,7 @@ def collect_rollouts(
     env_timeout: float | None = None,
     should_stop: Callable[[], bool] | None = None,
     on_progress: Callable[[int], None] | None = None,
+    turn_rewards: bool = False,
 ) -> Rollouts:
     """Run ``k`` episodes of every task in ``task_ids`` and return them as :class:`Episode`\\ s.
 
@@ -175,6 +177,11 @@ def collect_rollouts(
             returns True the episodes are abandoned and :class:`RolloutsInterrupted` is raised.
         on_progress: told how many episodes have ended (done, failed or cancelled), once the
             envs are reset and after every generation step (a progress bar's count).
+        turn_rewards: take per-turn rewards (:mod:`entrogym.envs.contract`): an env may pay a
+            finite reward on every step, each episode's ``info["turn_rewards"]`` lists what
+            each of its turns was paid (a turn the env never saw earns 0; a reward paid after
+            the last turn, by ``end_episode``, counts for it) and its reward is the return,
+            their sum, within the env's ``reward_range``. Off: rewards are terminal.
 
     Failed episodes (env errors, see the module docstring) are returned too, with
     ``Episode.error`` set; one whose reset failed has no tokens.
@@ -190,7 +197,7 @@ def collect_rollouts(
     workers = _env_workers(env, env_workers, env_timeout)
     collection = Collection(
         env, dict(env_kwargs or {}), engine, agent, sampling, adapter, chunk_tokens, workers,
-        env_timeout,
+        env_timeout, turn_rewards,
     )  # fmt: skip
     try:
         collection.start(runs, seed)
@@ -247,6 +254,8 @@ def _episode(r: EpisodeRun, env_id: str) -> Episode:
         "timing": {"generate_s": r.generate_s, "env_s": r.env_s, "wall_s": r.end - r.start},
         "prompt_tokens": t.prompt_len if t else 0,
     }
+    if r.turn_rewards is not None:
+        info["turn_rewards"] = list(r.turn_rewards)
     return Episode(
         task_id=r.task_id,
         group_id=r.group_id,

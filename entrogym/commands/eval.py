@@ -180,6 +180,7 @@ def run_eval(cfg: EvalConfig, plan: EvalPlan) -> tuple[dict[str, Any], dict[str,
             engine, agent, plan, samples=cfg.samples, adapter=cfg.adapter,
             temperature=cfg.temperature, seed=cfg.seed, out_dir=cfg.out,
             report_options=cfg.report_options, pass_at=cfg.pass_at,
+            turn_rewards=cfg.turn_rewards,
         )  # fmt: skip
     finally:
         engine.close()

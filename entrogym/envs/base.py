@@ -10,6 +10,7 @@ and checked by :func:`entrogym.envs.check_text_env`.
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,7 +34,9 @@ class Turn:
     """What a subclass's :meth:`TextEnv._respond` returns for one action.
 
     ``reward``, ``success`` and ``reward_parts`` are read only when ``done`` is true (rewards
-    are terminal); ``info`` is merged into the step's info either way.
+    are terminal); ``info`` is merged into the step's info either way. ``turn_reward`` is
+    paid for this action on any step (added to ``reward`` on the last): a per-turn reward,
+    which only a run with per-turn rewards (``--turn-rewards``) takes; leave it 0 otherwise.
     """
 
     observation: str = ""
@@ -42,6 +45,7 @@ class Turn:
     success: bool = False
     reward_parts: dict[str, float] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
+    turn_reward: float = 0.0
 
 
 class TextEnv(gym.Env[str, str]):
@@ -214,9 +218,9 @@ class TextEnv(gym.Env[str, str]):
             end = self._on_truncate()
             end.info = {**turn.info, **end.info, "turn_limit_reached": True}
         info: dict[str, Any] = {**end.info, "task_id": self._task_id, "turn": turns}
-        reward = 0.0
+        reward = self._checked_turn_reward(turn.turn_reward)
         if terminated or truncated:
-            reward = self._checked_reward(end.reward)
+            reward += self._checked_reward(end.reward)
             info["success"] = bool(end.success)
             info["reward_parts"] = dict(end.reward_parts)
         if self._action_truncated:
@@ -274,6 +278,13 @@ class TextEnv(gym.Env[str, str]):
 
     def _checked_reward(self, reward: Any) -> float:
         problem = reward_problem(reward, self.reward_range)
+        if problem is not None:
+            raise EnvContractError(f"{type(self).__name__}, task {self._task_id!r}: {problem}")
+        return float(reward)
+
+    def _checked_turn_reward(self, reward: Any) -> float:
+        """A per-turn reward (``Turn.turn_reward``): any finite real number."""
+        problem = reward_problem(reward, (-math.inf, math.inf))  # a finite real number
         if problem is not None:
             raise EnvContractError(f"{type(self).__name__}, task {self._task_id!r}: {problem}")
         return float(reward)

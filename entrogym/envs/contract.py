@@ -52,7 +52,10 @@ class TextEnvProtocol(Protocol):
       the same first observation (the prompt), whatever the seed.
     - Rewards are terminal: ``step`` returns 0 until the episode ends; the last step's reward
       lies within ``reward_range`` (finite; default :data:`DEFAULT_REWARD_RANGE`) and its
-      ``info["success"]`` is a bool.
+      ``info["success"]`` is a bool. Per-turn rewards are the one exception, taken only when
+      the run asks for them (``--turn-rewards``): then every step may pay a finite reward,
+      and the episode's return, the sum of its steps' rewards, lies within ``reward_range``
+      (:func:`check_step_reward`, :func:`check_terminal_reward` on the return).
     - ``end_episode()`` ends the episode in progress early (the agent's context is full) and
       returns ``(reward, info)`` with ``info["success"]``; afterwards ``step`` and
       ``end_episode`` raise until the next ``reset``.
@@ -201,18 +204,26 @@ def check_reply(observation: Any, info: Any) -> None:
     check_success_flag(info)
 
 
-def check_step_reward(reward: Any, terminal: bool, reward_range: Any = None) -> None:
+def check_step_reward(
+    reward: Any, terminal: bool, reward_range: Any = None, turn_rewards: bool = False
+) -> None:
     """One step's ``reward`` under the contract: a real number; on the last step finite and
     within ``reward_range`` (:func:`check_terminal_reward`); before it, 0. Rewards are
-    terminal: a reward paid earlier is an error, never dropped and never summed."""
-    if terminal:
+    terminal: a reward paid earlier is an error, never dropped and never summed.
+
+    ``turn_rewards`` (the run takes per-turn rewards): every step's reward need only be a
+    finite real number; the caller checks the episode's return against ``reward_range``."""
+    if terminal and not turn_rewards:
         check_terminal_reward(reward, reward_range)
         return
     problem = _not_a_number(reward)
-    if problem is None and reward != 0:
+    if problem is None and turn_rewards and not math.isfinite(float(reward)):
+        problem = f"reward {float(reward)} is not finite"
+    if problem is None and not turn_rewards and reward != 0:
         problem = (
             f"reward {float(reward):g} before the episode's last step; rewards are terminal "
-            "(every step before the last returns 0)"
+            "(every step before the last returns 0) unless the run takes per-turn rewards "
+            "(--turn-rewards)"
         )
     if problem is not None:
         raise EnvContractError(problem)

@@ -33,7 +33,8 @@ CASES = [
     (
         "early-reward",
         "step: EnvContractError: reward 1 before the episode's last step; rewards are "
-        "terminal (every step before the last returns 0)",
+        "terminal (every step before the last returns 0) unless the run takes per-turn "
+        "rewards (--turn-rewards)",
     ),
     (
         "surrogate",

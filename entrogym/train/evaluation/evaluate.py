@@ -286,10 +286,12 @@ def run_evaluation(
     env_workers: Any = None,
     env_timeout: float | None = None,
     pass_at: Sequence[int] = (),
+    turn_rewards: bool = False,
 ) -> EvalResult:
     """Roll out ``samples`` episodes of every task of ``plan`` with ``adapter`` and score them.
     ``env_workers`` / ``env_timeout``: where the envs run (``collect_rollouts``). ``pass_at``:
     ks to report pass@k at besides those of :func:`pass_at_ks` (each in 1..samples).
+    ``turn_rewards``: the envs may pay per-turn rewards (``collect_rollouts``).
 
     Episode ``i`` is reset with ``seed + i``, and sampling is seeded with ``seed`` where the
     engine allows (``Engine.seeded``: the hf engine), so the result does not depend on what
@@ -316,6 +318,7 @@ def run_evaluation(
             env_workers=env_workers,
             env_timeout=env_timeout,
             on_progress=on_progress,
+            turn_rewards=turn_rewards,
         )
     episodes = list(episodes)
     summary = {"split": plan.split, "tasks": len(plan.tasks), "samples": samples,

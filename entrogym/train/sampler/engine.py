@@ -327,6 +327,7 @@ class Sampler:
                 # under torchrun, rank 0 alone collects: a stop is only taken between iterations
                 should_stop=None if self.ranks.distributed else self._should_stop,
                 on_progress=on_progress,
+                turn_rewards=cfg.turn_rewards,
             )
         # An env that raises or breaks its contract fails its episode (logged once per message);
         # past the allowed share the run stops, naming the first failure.
@@ -349,7 +350,7 @@ class Sampler:
             "generate_s": rollouts.stats["generate_s"],  # charged to the phases by the trainer
             "env_s": rollouts.stats["env_s"],
         }
-        return collate_episodes(episodes, self.pad_id), stats
+        return collate_episodes(episodes, self.pad_id, cfg.turn_rewards), stats
 
     def probe_batches(self, n: int, start: int) -> list[UpdateBatch]:
         """Rank 0: ``n`` batches of the weights of version ``start`` for a target probe, drawn
@@ -386,7 +387,8 @@ class Sampler:
                 result = run_evaluation(self.engine, self.agent, plan, samples=cfg.eval_samples,
                                         adapter=str(self.adapter), temperature=cfg.temperature,
                                         seed=cfg.seed, env_workers=self.env_workers,
-                                        env_timeout=cfg.env_timeout)  # fmt: skip
+                                        env_timeout=cfg.env_timeout,
+                                        turn_rewards=cfg.turn_rewards)  # fmt: skip
             return {"kind": "eval", "iteration": it, "env": cfg.eval_env, **result.summary}
 
         return distributed.on_main(run, self.ranks)
