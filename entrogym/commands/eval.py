@@ -33,6 +33,7 @@ from entrogym.train.evaluation.evaluate import (
     run_evaluation,
 )
 from entrogym.train.folder.adapter_check import verify_adapter
+from entrogym.train.folder.turn_metrics import turns_text
 
 PROG = "entrogym eval"
 # options that are shortcuts for one env keyword argument each (kept from earlier versions)
@@ -218,7 +219,7 @@ def human_summary(summary: dict[str, Any], display: dict[str, Any]) -> str:
     parts.append(f"tasks={summary['tasks']} samples={k} {_pass_at_k_text(summary)}")
     if k > 1 and summary["distinct_correct_mean"] is not None:
         parts.append(f"distinct_correct={summary['distinct_correct_mean']:.2f}")
-    parts.append(f"env_errors={summary['env_errors']}")
+    parts.append(f"env_errors={summary['env_errors']}{turns_text(summary)}")
     if display.get("summary_text"):
         parts.append(str(display["summary_text"]))
     parts.append(f"({summary['wall_s']:.1f} s)")

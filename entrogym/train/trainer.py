@@ -41,6 +41,7 @@ from entrogym.train.folder.checkpoint import read_training_state, rng_state, set
 from entrogym.train.folder.metrics import summary_line
 from entrogym.train.folder.safety import NothingToDo, RunFileError
 from entrogym.train.folder.state import TrainState
+from entrogym.train.folder.turn_metrics import entropy_by_turn
 from entrogym.train.heap import HeapTrim
 from entrogym.train.learner.mismatch import (
     UNMEASURED_MISMATCH,
@@ -246,6 +247,7 @@ class Trainer:
             "learner_tokens": int(batch.lengths.sum()),
             "staleness_mean": float(staleness.float().mean()),
             "staleness_max": int(staleness.max()),
+            "entropy_by_turn": entropy_by_turn(batch.old_logprobs, batch.mask),
             "groups": n_groups,
             "sampler_mismatch": mismatch["mean_abs_diff"],
             "sampler_mismatch_max": mismatch["max_abs_diff"],

@@ -48,8 +48,13 @@ CASES = {
     "async": ["--max-staleness", "1", "--iterations", "3", "--algo", "repo-r", *SAMPLED],
 }  # fmt: skip
 # Metrics added on purpose after the golden runs were recorded: the entropy a controller
-# tracked (here always ``entropy``, since the cases pin the sampled estimator).
-ADDED = ("entropy_tracked",)
+# tracked (here always ``entropy``, since the cases pin the sampled estimator), and the
+# per-turn metrics (entrogym.train.folder.turn_metrics).
+ADDED = (
+    "entropy_tracked",
+    "turns_mean", "turns_max", "turns_hist", "end_reasons", "tool_calls", "tool_errors",
+    "reward_by_turns", "entropy_by_turn",
+)  # fmt: skip
 
 
 def _timing(key: str) -> bool:

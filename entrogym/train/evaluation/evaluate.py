@@ -31,6 +31,7 @@ from entrogym.train.evaluation.scores import (
     pass_at_k,
     pass_at_ks,
 )
+from entrogym.train.folder.turn_metrics import episode_turn_metrics, sampler_entropy_by_turn
 from entrogym.train.progress import counter
 
 __all__ = [  # the scores are re-exported: callers import them from here
@@ -322,7 +323,8 @@ def run_evaluation(
         )
     episodes = list(episodes)
     summary = {"split": plan.split, "tasks": len(plan.tasks), "samples": samples,
-               **_scores(plan, episodes, samples, pass_at)}  # fmt: skip
+               **_scores(plan, episodes, samples, pass_at), **episode_turn_metrics(episodes),
+               "sampler_entropy_by_turn": sampler_entropy_by_turn(episodes)}  # fmt: skip
     per_task = _task_rows(plan, episodes)
     results = {"summary": summary, "per_task": per_task, "episodes": episodes,
                "tasks": list(plan.tasks), "samples": samples, "split": plan.split}  # fmt: skip

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from entrogym.train.folder.trackers import TB_DIR, TensorboardTracker, Trackers
+from entrogym.train.folder.turn_metrics import turns_text
 
 METRICS_FILE = "metrics.jsonl"
 # Row fields that index the row rather than measure something; not sent to TensorBoard.
@@ -250,7 +251,7 @@ def summary_line(row: dict[str, Any]) -> str:
         f"[{row['algo']}] iter {row['iteration']}: reward={row['reward_mean']:.3f} "
         f"entropy={row['entropy']:.4f} clip_low={row.get('clip_frac_low', 0):.3f} "
         f"clip_high={row.get('clip_frac_high', 0):.3f}{zeta}{eps} "
-        f"rollout={row['rollout_s']:.1f}s update={row['update_s']:.1f}s"
+        f"rollout={row['rollout_s']:.1f}s update={row['update_s']:.1f}s{turns_text(row)}"
     )
 
 

@@ -37,6 +37,7 @@ from entrogym.train.devices import distributed
 from entrogym.train.evaluation.evaluate import EvalPlan, plan_evaluation, run_evaluation
 from entrogym.train.folder.rng import iteration_seed
 from entrogym.train.folder.safety import adapter_folder, prune_adapters, write_error
+from entrogym.train.folder.turn_metrics import episode_turn_metrics
 from entrogym.train.learner.policy import save_adapter
 from entrogym.train.learner.versions import Weights, WeightVersions
 from entrogym.train.phases import PhaseClock
@@ -349,6 +350,7 @@ class Sampler:
             "policy_version": version,
             "generate_s": rollouts.stats["generate_s"],  # charged to the phases by the trainer
             "env_s": rollouts.stats["env_s"],
+            **episode_turn_metrics(rollouts, cancelled=rollouts.stats["cancelled"]),
         }
         return collate_episodes(episodes, self.pad_id, cfg.turn_rewards), stats
 
