@@ -26,8 +26,8 @@ END_REASONS = ("done", "max_turns", "turn_budget", "context", "error", "cancelle
 def end_reason(episode: Episode) -> str:
     """What ended ``episode``: its ``info["end_reason"]`` where the agent recorded one, else
     read from its fields (an error; a cancellation; ``truncated_by``: ``context``, ``turn``
-    for the turn budget, ``env`` or another truncation for the env's turn limit; the last
-    turn's finish reason where nothing else says; otherwise ``done``)."""
+    for the turn budget, ``env`` for the env's turn limit; for a truncation that names no
+    limit, the last turn's finish reason, else the env's limit; otherwise ``done``)."""
     given = episode.info.get("end_reason")
     if given in END_REASONS:
         return str(given)
@@ -40,7 +40,9 @@ def end_reason(episode: Episode) -> str:
         return "context"
     if cut == "turn":
         return "turn_budget"
-    if episode.truncated:
+    if cut == "env":
+        return "max_turns"
+    if episode.truncated:  # no word on the limit: the last turn's finish reason, else the env's
         last = (episode.info.get("finish_reasons") or [None])[-1]
         return {"context": "context", "turn": "turn_budget"}.get(last, "max_turns")
     return "done"
