@@ -32,7 +32,8 @@ def build_parser() -> Any:
     return make_parser(
         PROG,
         "Draw the paper's Figure 1 panels (entropy, accuracy, accuracy vs cumulative entropy) "
-        "from run folders into PNG files.",
+        "and, for multi-turn runs, their per-turn metrics (turns.png) from run folders into "
+        "PNG files.",
         PlotOptions,
         positionals=("runs",),
     )

@@ -112,3 +112,47 @@ def test_cli(runs, tmp_path, capsys):
     assert (out / "entropy.png").is_file()
     assert entrogym_main(["plot", str(tmp_path / "missing")]) == 2
     assert "metrics.jsonl does not exist" in capsys.readouterr().err
+
+
+def _write_turns_run(path, algo: str, turns: list[float]) -> None:
+    """A multi-turn run's train rows: its per-turn fields as the trainer writes them."""
+    with MetricsLogger(path, tensorboard=False) as log:
+        for it, mean in enumerate(turns):
+            hist = {"1": 2, "2": 3, "3": it + 1}
+            log.log({"iteration": it, "algo": algo, "entropy": 1.0 - 0.1 * it,
+                     "turns_mean": mean, "turns_max": 3, "turns_hist": hist,
+                     "end_reasons": {"done": 4, "max_turns": it + 1, "turn_budget": 1},
+                     "tool_calls": 9, "tool_errors": 3 - it % 2,
+                     "reward_by_turns": {"1": 0.8, "2": 0.5, "3": 0.1 * it},
+                     "entropy_by_turn": {"1": 1.2, "2": 1.0 - 0.1 * it, "3": 0.9}},
+                    step=it)  # fmt: skip
+
+
+def test_multi_turn_runs_get_the_turns_panels(tmp_path):
+    from entrogym.train.evaluation.turn_plots import turns_figure
+
+    turn_runs = [tmp_path / "grpo-turns", tmp_path / "repo-r-turns"]
+    _write_turns_run(turn_runs[0], "grpo", [2.0, 2.2, 2.5])
+    _write_turns_run(turn_runs[1], "repo-r", [1.8, 1.9, 2.0])
+    single = tmp_path / "single"
+    _write_run(single, "grpo", 0.9, evals=False)
+    paths = plot_runs([*turn_runs, single], tmp_path / "out")
+    assert [p.name for p in paths] == ["entropy.png", "turns.png"]
+    assert paths[1].read_bytes().startswith(PNG_MAGIC)
+    loaded = [load_run(d) for d in [*turn_runs, single]]
+    fig = turns_figure([(r.algo, r.train_rows) for r in loaded])
+    turns, ended, tools, entropy, reward, hist = fig.axes[:6]
+    assert [line.get_label() for line in turns.get_lines()] == ["grpo", "repo-r"]  # not single
+    assert list(turns.get_lines()[0].get_ydata()) == [2.0, 2.2, 2.5]
+    assert len(ended.collections) == 3  # done, max_turns, turn_budget: the reasons that occurred
+    # entropy by turn: the first iteration (dashed) and the last, per run
+    assert [tuple(line.get_ydata()) for line in entropy.get_lines()][:2] == [
+        (1.2, 1.0, 0.9), (1.2, pytest.approx(0.8), 0.9)
+    ]  # fmt: skip
+    # reward by turn count, weighted by the episodes of each count: 3 turns had 1, 2, 3 episodes
+    three = reward.get_lines()[0].get_ydata()[2]
+    assert three == pytest.approx((0.0 * 1 + 0.1 * 2 + 0.2 * 3) / 6)
+    assert tools.get_lines()[0].get_ydata()[0] == pytest.approx(9 / 6)  # calls per episode
+    assert len(hist.patches) == 6  # three turn counts, two runs
+    plt.close(fig)
+    assert turns_figure([("single", loaded[2].train_rows)]) is None

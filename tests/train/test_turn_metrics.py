@@ -81,6 +81,8 @@ def test_a_multi_turn_run_records_its_turns(tmp_path: Path, capsys, turn_rewards
     printed = capsys.readouterr().out
     assert f"turns={train_row['turns_mean']:.2f} ended=" in printed
     assert summary_line(train_row) in printed
+    assert main(["plot", str(tmp_path / "run"), "--out", str(tmp_path / "plots")]) == 0
+    assert (tmp_path / "plots" / "turns.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_entropy_by_turn_is_each_turns_mean_surprisal_under_the_policy(tmp_path: Path) -> None:

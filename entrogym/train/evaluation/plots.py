@@ -7,6 +7,8 @@
   entropy up to that iteration, y = accuracy; each run's best point is highlighted.
 * ``correlation.json``: Pearson's and Spearman's correlation of each run's final accuracy with
   its cumulative entropy (:mod:`entrogym.train.evaluation.correlation`), also printed.
+* ``turns.png``: for multi-turn runs, their per-turn metrics
+  (:mod:`entrogym.train.evaluation.turn_plots`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from entrogym.atomic import atomic_path, atomic_write_text  # noqa: E402
 from entrogym.train.evaluation.correlation import Correlation, correlation_of  # noqa: E402
+from entrogym.train.evaluation.turn_plots import turns_figure  # noqa: E402
 from entrogym.train.folder.metrics import cumulative_entropy, read_metrics  # noqa: E402
 
 # Eval-row fields tried in order when no metric is named: the share of tasks solved.
@@ -44,6 +47,7 @@ class Run:
     entropy: dict[int, float] = field(default_factory=dict)  # iteration -> mean entropy
     cumulative: dict[int, float] = field(default_factory=dict)  # iteration -> cumulative
     accuracy: dict[int, float] = field(default_factory=dict)  # iteration -> eval accuracy
+    train_rows: list[dict[str, Any]] = field(default_factory=list)  # one per iteration, in order
 
 
 def _finite(value: Any) -> bool:
@@ -61,6 +65,7 @@ def load_run(
     train = _last_row_per_iteration(
         path, [(n, r) for n, r in enumerate(rows, start=1) if r.get("kind", "train") == "train"]
     )
+    run.train_rows = train
     train = [r for r in train if _finite(r.get("entropy"))]
     for r in train:
         run.entropy[int(r["iteration"])] = float(r["entropy"])
@@ -238,6 +243,9 @@ def plot_runs(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = [_save(entropy_figure(runs), out / "entropy.png")]
+    turns = turns_figure([(f"{r.algo} ({r.path.name})", r.train_rows) for r in runs])
+    if turns is not None:
+        written.append(_save(turns, out / "turns.png"))
     without = [str(r.path) for r in runs if not r.accuracy]
     if len(without) == len(runs):
         fields = metric or " / ".join(ACCURACY_FIELDS)
