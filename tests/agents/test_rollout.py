@@ -52,18 +52,6 @@ class Steps(TextEnv):
         return Turn(f"turn {n} of {self.length}", done=done, reward=float(done), success=done)
 
 
-@pytest.fixture(scope="module")
-def engine():
-    eng = make_engine("hf", MODEL, dtype="fp32", max_model_len=1024, seed=0)
-    yield eng
-    eng.close()
-
-
-@pytest.fixture(scope="module")
-def agent():
-    return LLMAgent.from_model(MODEL, max_turn_tokens=3, max_context=1024, on_turn_budget="step")
-
-
 def test_early_stop_rule():
     assert not early_stop_reached([4, 4, 4, 4], k=6)  # 4 of 6 everywhere but only 67% overall
     assert early_stop_reached([6, 6, 5, 5], k=6)  # 22 of 24 >= 90% and every task >= 4

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from entrogym.agents.agent import LLMAgent
-from entrogym.agents.engines import make_engine
 from entrogym.agents.rollout import collect_rollouts
 from entrogym.algos import UpdateBatch
 from entrogym.algos.turns import turn_counts
@@ -46,18 +45,6 @@ class Paid(TextEnv):
 
     def _on_truncate(self):
         return Turn(done=True, reward=0.25, success=False)
-
-
-@pytest.fixture(scope="module")
-def engine():
-    eng = make_engine("hf", MODEL, dtype="fp32", max_model_len=1024, seed=0)
-    yield eng
-    eng.close()
-
-
-@pytest.fixture(scope="module")
-def agent():
-    return LLMAgent.from_model(MODEL, max_turn_tokens=3, max_context=1024, on_turn_budget="step")
 
 
 def _collect(engine, agent, env=Paid, turn_rewards=True, seed=0):
