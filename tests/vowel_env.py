@@ -32,8 +32,8 @@ class VowelTurnsEnv(TextEnv):
     """Multi-turn: the episode goes on until an action's share of vowels among its letters is
     at least ``enough`` (done, reward = that share) or ``max_turns`` actions ran out (graded
     as left: the last action's share). Every action counts as a tool call and one with a
-    capital letter as a failed call (``info["tool_calls"]`` and ``info["tool_errors"]``: the
-    episode's totals so far). ``pay_turns``: each action is
+    capital letter as a failed call (each step's ``info["tool_calls"]`` and ``info["tool_errors"]``
+    count its own, as a ``ToolEnv``'s do). ``pay_turns``: each action is
     paid share / max_turns when it comes (a per-turn reward) and the terminal reward is 0.
     ``log``: a file that gets one JSON line per ended episode, the env's own record of it."""
 
@@ -58,11 +58,11 @@ class VowelTurnsEnv(TextEnv):
     def _respond(self, action: str) -> Turn:
         letters = [c for c in action.lower() if c.isalpha()]
         share = sum(c in "aeiou" for c in letters) / max(len(letters), 1)
-        self._last, self._calls = share, self._calls + 1
-        self._errors += any(c.isupper() for c in action)
+        failed = any(c.isupper() for c in action)
+        self._last, self._calls, self._errors = share, self._calls + 1, self._errors + failed
         done = share >= self.enough
         paid = share / self.max_turns if self.pay_turns else 0.0
-        info = {"tool_calls": self._calls, "tool_errors": self._errors}
+        info = {"tool_calls": 1, "tool_errors": int(failed)}
         return Turn(f"{share:.2f} of your letters were vowels.", done=done,
                     reward=0.0 if self.pay_turns else share, success=done, info=info,
                     turn_reward=paid)  # fmt: skip
@@ -75,9 +75,8 @@ class VowelTurnsEnv(TextEnv):
         self._paid += reward
         if self.log and (terminated or truncated):
             record = {"task_id": self.task_id, "turns": self.turn, "return": self._paid,
-                      "end": "done" if terminated else "max_turns", **info}  # fmt: skip
-            record = {k: record[k] for k in ("task_id", "turns", "return", "end",
-                                             "tool_calls", "tool_errors")}  # fmt: skip
+                      "end": "done" if terminated else "max_turns", "tool_calls": self._calls,
+                      "tool_errors": self._errors}  # fmt: skip
             with open(self.log, "a") as fh:  # one write per line: workers append side by side
                 fh.write(json.dumps(record) + "\n")
         return observation, reward, terminated, truncated, info

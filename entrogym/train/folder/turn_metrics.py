@@ -16,17 +16,14 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from entrogym.agents.episode import Episode
+from entrogym.agents.rollout import END_REASONS  # what the agent records as info["end_reason"]
 from entrogym.algos.turns import turn_ids
-
-# What ended an episode: the model finished it (or the env did), the env's turn limit, the
-# agent's per-turn token budget, its context window, an env error, early stopping.
-END_REASONS = ("done", "max_turns", "turn_budget", "context", "error", "cancelled")
 
 
 def end_reason(episode: Episode) -> str:
     """What ended ``episode``: its ``info["end_reason"]`` where the agent recorded one, else
     read from its fields (an error; a cancellation; ``truncated_by``: ``context``, ``turn``
-    for the turn budget, ``env`` for the env's turn limit; for a truncation that names no
+    for the turn budget, ``env`` or ``max_turns`` for a turn limit; for a truncation that names no
     limit, the last turn's finish reason, else the env's limit; otherwise ``done``)."""
     given = episode.info.get("end_reason")
     if given in END_REASONS:
@@ -40,7 +37,7 @@ def end_reason(episode: Episode) -> str:
         return "context"
     if cut == "turn":
         return "turn_budget"
-    if cut == "env":
+    if cut in ("env", "max_turns"):
         return "max_turns"
     if episode.truncated:  # no word on the limit: the last turn's finish reason, else the env's
         last = (episode.info.get("finish_reasons") or [None])[-1]
