@@ -162,3 +162,38 @@ def test_the_console_shows_turns_only_for_multi_turn_or_tool_episodes() -> None:
     assert turns_text(multi) == " turns=2.00 ended=done:1,max_turns:1"
     tools = episode_turn_metrics([_episode(num_turns=1, info={"tool_calls": 3, "tool_errors": 1})])
     assert turns_text(tools) == " turns=1.00 ended=done:1 tool_errors=1/3"
+
+
+class _Caller:
+    """An engine that answers every turn with one tool call, ``find_contact(name="Zed")``: a
+    contact the env does not know, so every call fails."""
+
+    max_model_len = 2048
+
+    def __init__(self, agent) -> None:
+        text = 'find_contact(name="Zed")'
+        self.ids = [*agent.tokenizer(text, add_special_tokens=False)["input_ids"], agent.eot_ids[0]]
+
+    def generate(self, prompts, params, adapter=None):
+        from entrogym.agents.engines.base import Completion
+
+        return [Completion(list(self.ids), [-1.0] * len(self.ids), "stop") for _ in prompts]
+
+
+def test_a_tool_envs_calls_and_errors_reach_the_metrics() -> None:
+    """Through a ToolEnv (``tests/tool_envs.py``): each step's counts, summed by the agent into
+    the episode's ``info``, are what the metrics add up; its ``end_reason`` is what they count."""
+    from tool_envs import PhoneEnv
+
+    from entrogym.agents.agent import LLMAgent
+    from entrogym.agents.rollout import collect_rollouts
+
+    agent = LLMAgent.from_model("tiny-random-llama", max_context=2048)
+    eps = collect_rollouts(lambda: PhoneEnv(max_turns=3), ["ann", "bob"], _Caller(agent), agent,
+                           k=2, early_stop=False)  # fmt: skip
+    metrics = episode_turn_metrics(eps)
+    assert all(e.info["tool_calls"] == e.info["tool_errors"] == 3 for e in eps)
+    assert (metrics["tool_calls"], metrics["tool_errors"]) == (12, 12)
+    assert metrics["tool_calls"] == eps.stats["tool_calls"]  # the collection's own count
+    assert metrics["end_reasons"]["max_turns"] == 4 and metrics["turns_hist"] == {"3": 4}
+    assert turns_text(metrics) == " turns=3.00 ended=max_turns:4 tool_errors=12/12"
