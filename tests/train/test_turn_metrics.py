@@ -197,3 +197,27 @@ def test_a_tool_envs_calls_and_errors_reach_the_metrics() -> None:
     assert metrics["tool_calls"] == eps.stats["tool_calls"]  # the collection's own count
     assert metrics["end_reasons"]["max_turns"] == 4 and metrics["turns_hist"] == {"3": 4}
     assert turns_text(metrics) == " turns=3.00 ended=max_turns:4 tool_errors=12/12"
+
+
+def test_a_tool_env_may_pay_each_turn() -> None:
+    """A ToolEnv subclass pays per turn by setting ``turn_reward`` on its answer: here -0.1
+    for each failed call, within a reward_range that takes the negative return."""
+    from tool_envs import PhoneEnv
+
+    from entrogym.agents.agent import LLMAgent
+    from entrogym.agents.rollout import collect_rollouts
+
+    class Penalised(PhoneEnv):
+        reward_range = (-1.0, 1.0)
+
+        def _respond(self, action):
+            turn = super()._respond(action)
+            turn.turn_reward = -0.1 * turn.info["tool_errors"]
+            return turn
+
+    agent = LLMAgent.from_model("tiny-random-llama", max_context=2048)
+    eps = collect_rollouts(lambda: Penalised(max_turns=3), ["bob"], _Caller(agent), agent, k=2,
+                           early_stop=False, turn_rewards=True)  # fmt: skip
+    for e in eps:
+        assert e.info["turn_rewards"] == pytest.approx([-0.1, -0.1, -0.1])
+        assert e.reward == pytest.approx(-0.3) and e.info["end_reason"] == "max_turns"
