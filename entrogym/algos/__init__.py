@@ -1,7 +1,8 @@
 """The algorithm core, on tensors only: advantage estimators, policy losses, token masks,
 sampler-mismatch importance weights, entropy levers and their controllers (each a registry of
-small parts with typed params), the presets that compose them, and the policy update. It
-imports nothing from entrogym outside itself and reads no text."""
+small parts with typed params), the presets that compose them, the policy update, and the
+estimators of how much responses depend on their task. It imports nothing from entrogym
+outside itself and reads no text."""
 
 from entrogym.algos import aepo, entropic  # noqa: F401  (register their levers and controllers)
 from entrogym.algos.advantages import (
@@ -39,6 +40,14 @@ from entrogym.algos.entropy import (
     token_entropy_from_logits,
 )
 from entrogym.algos.entropy_control import EntropyControl
+from entrogym.algos.input_dependence import (
+    cross_pairs,
+    cross_scores,
+    input_dependence,
+    input_dependence_exact,
+    input_dependence_per_token,
+    retrieval_accuracy,
+)
 from entrogym.algos.levers import LEVERS, Coefficient, Lever, register_lever
 from entrogym.algos.losses import LOSSES, ClipParams, clipped_policy_loss, register_loss
 from entrogym.algos.masks import MASKS, TokenMask, register_mask
@@ -79,6 +88,8 @@ __all__ = [
     "check_correction",
     "clipped_policy_loss",
     "compute_advantages",
+    "cross_pairs",
+    "cross_scores",
     "entropy_bonus_loss",
     "exact_batch_entropy",
     "get_algorithm",
@@ -98,7 +109,11 @@ __all__ = [
     "rloo",
     "sampler_weights",
     "importance_weighted_entropy",
+    "input_dependence",
+    "input_dependence_exact",
+    "input_dependence_per_token",
     "relative_entropy",
+    "retrieval_accuracy",
     "sampled_entropy",
     "score_old_logprobs",
     "token_covariance",

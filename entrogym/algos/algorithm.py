@@ -104,6 +104,13 @@ class AlgorithmConfig:
                 f"{self.controller.name!r} has none; to hold the coefficient, use pi with "
                 "kp 0 and ki 0"
             )
+        params = target_params(self)
+        if lever.reads_target and params is not None and params.estimator == "input_dependence":
+            raise ValueError(
+                f"lever {self.lever.name!r} compares the entropy in its loss with the target, "
+                "and controller.estimator input_dependence sets a target in mutual information; "
+                "use a lever that reads no target (entropy-bonus, repo-r, repo-d, clip-high)"
+            )
         make_controller(self, lever)  # the controller checks its range and start value
 
     @property

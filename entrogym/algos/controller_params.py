@@ -10,7 +10,7 @@ from typing import Literal
 
 TargetUnit = Literal["ratio", "nats"]
 StepEvery = Literal["iteration", "optimizer"]
-Estimator = Literal["exact", "sampled", "probe", "relative"]
+Estimator = Literal["exact", "sampled", "probe", "relative", "input_dependence"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,14 @@ class ControllerParams:
             it is measured on the states the lever pushes, which ``probe``'s fixed states stop
             being once the policy moves away from them. Its target is ``target`` times the
             first iteration's ratio (1.0 for a fresh adapter). Needs ``step iteration``.
+            ``input_dependence``: not an entropy but how much the responses depend on the task,
+            the mutual information I(X; Y) between fixed probe tasks and the policy's responses
+            to them (``entrogym.algos.input_dependence``), measured by the trainer before every
+            update. The lever still pushes entropy: the coefficient rises while I is below its
+            target, which restores I only where more entropy brings more input dependence (a
+            policy can be diverse and input-agnostic at once). Needs ``step iteration``, no
+            ``target_probe`` (it measures entropy) and a lever that reads no entropy target in
+            its loss.
         init: the coefficient's start value (unset: the lever's).
         min: the coefficient's lower bound, or for the paper controller the smallest magnitude
             before its sign flips (unset: the lever's; pi: -max for a lever that may go negative).
@@ -112,15 +120,21 @@ class ControllerParams:
             raise ValueError(
                 f"algo.controller.step must be iteration or optimizer, got {self.step!r}"
             )
-        if self.estimator not in ("exact", "sampled", "probe", "relative"):
+        if self.estimator not in ("exact", "sampled", "probe", "relative", "input_dependence"):
             raise ValueError(
-                "algo.controller.estimator must be exact, sampled, probe or relative, "
-                f"got {self.estimator!r}"
+                "algo.controller.estimator must be exact, sampled, probe, relative or "
+                f"input_dependence, got {self.estimator!r}"
             )
-        if self.estimator == "relative" and self.step != "iteration":
+        if self.estimator in ("relative", "input_dependence") and self.step != "iteration":
             raise ValueError(
-                "algo.controller.estimator relative is measured once per iteration, before the "
-                "update; set algo.controller.step iteration"
+                f"algo.controller.estimator {self.estimator} is measured once per iteration, "
+                "before the update; set algo.controller.step iteration"
+            )
+        if self.estimator == "input_dependence" and self.target_probe:
+            raise ValueError(
+                "algo.controller.target_probe measures the initial policy's entropy, and "
+                "estimator input_dependence tracks the mutual information; drop target_probe "
+                "(target_iterations averages the first iterations' instead)"
             )
         if self.estimator == "probe" and (not self.target_probe or self.step != "iteration"):
             fix = "target_probe 1 or more" if not self.target_probe else "step iteration"

@@ -3,8 +3,9 @@
 ``EntropyControl`` is what ``policy_update`` consults: the lever's coefficient as the controller
 has set it, the clip range, whether the scorer must compute exact entropies, which estimate of
 a batch's entropy the controller tracks (``controller.estimator``: ``batch_entropy``, or with
-``probe`` the fixed probe states' entropy and with ``relative`` the batch's entropy over the
-base model's, each handed over by the trainer: ``observe_states``), and where
+``probe`` the fixed probe states' entropy, with ``relative`` the batch's entropy over the
+base model's and with ``input_dependence`` the mutual information of probe tasks and
+responses, each handed over by the trainer: ``observe_states``), and where
 the controller is fed: ``observe`` once per iteration (the paper's step) and ``observe_step``
 after every optimizer step (TRL's). The target is set by the first entropy the controller sees
 (a ratio of it, averaged with the initial policy's probe batches when ``controller.target_probe``
@@ -73,10 +74,18 @@ class EntropyControl:
         return self.feedback is not None and self.feedback.estimator == "relative"
 
     @property
+    def tracks_input_dependence(self) -> bool:
+        """The controller tracks how much the responses depend on the task, not an entropy
+        (``controller.estimator: input_dependence``): the trainer measures the mutual
+        information on its probe tasks before every update and hands it to ``observe_states``."""
+        return self.feedback is not None and self.feedback.estimator == "input_dependence"
+
+    @property
     def tracks_handed(self) -> bool:
         """The update does not estimate what the controller tracks: the caller hands it over
-        (``observe_states``) before the update (``probe`` or ``relative``)."""
-        return self.tracks_probe_states or self.tracks_relative
+        (``observe_states``) before the update (``probe``, ``relative`` or
+        ``input_dependence``)."""
+        return self.tracks_probe_states or self.tracks_relative or self.tracks_input_dependence
 
     @property
     def loss_needs_entropy(self) -> bool:
@@ -96,7 +105,7 @@ class EntropyControl:
     def measures_exact(self) -> bool:
         """``batch_entropy`` reads exact entropies (``exact``, ``probe`` or ``relative``): score
         with them."""
-        return self.tracks_exact or self.tracks_handed
+        return self.tracks_exact or self.tracks_probe_states or self.tracks_relative
 
     def batch_entropy(
         self, logprobs: torch.Tensor, entropies: torch.Tensor | None, mask: torch.Tensor
@@ -148,7 +157,9 @@ class EntropyControl:
         batches' states this iteration (the mean of their ``batch_entropy``, as the probe
         measured them); ``relative``, its exact entropy on the iteration's batch over the base
         model's there (``entrogym.algos.entropy.relative_entropy``), with ``reference`` the
-        base model's mean exact entropy there in nats (``lever_target``)."""
+        base model's mean exact entropy there in nats (``lever_target``); ``input_dependence``,
+        the mutual information of its probe tasks and its responses
+        (``entrogym.algos.input_dependence``)."""
         if self.tracks_relative and reference is None:
             raise ValueError(
                 "controller.estimator relative: hand observe_states the base model's mean "

@@ -11,7 +11,9 @@ Logged per (algorithm, seed, iteration) in ``metrics.jsonl``:
 the policy that collected the experience; ``entropy_tracked`` the estimate of that entropy the
 controller saw (``controller.estimator``: the exact mean state entropy over the sampled states,
 which with every state sampled is also what ``probe`` tracks, that over the initial policy's for
-``relative``, or ``entropy_sampled``);
+``relative``, ``input_dependence`` for ``input_dependence``, or ``entropy_sampled``);
+``input_dependence`` the exact mutual information of state and arm after the update, the states
+uniform (``entrogym.algos.input_dependence``: how much the arm depends on the state);
 ``reward`` exact expected
 reward after the update; ``reward_sampled`` the experience's mean reward; clip fractions, KL,
 and the lever's coefficient (``zeta``, ``beta``, ``eps_high``, ...) as used in the iteration.
@@ -36,6 +38,7 @@ from entrogym.algos import (
     AlgorithmConfig,
     EntropyControl,
     UpdateBatch,
+    input_dependence_exact,
     policy_update,
     token_entropy_from_logits,
 )
@@ -113,6 +116,13 @@ def _probe(
     return entropies
 
 
+def _input_dependence(policy: TabularSoftmaxPolicy) -> float:
+    """The exact mutual information of state and arm, states uniform (the states are the
+    tasks, an arm the response: ``input_dependence_exact``)."""
+    with torch.no_grad():
+        return input_dependence_exact(policy.log_probs_table())
+
+
 def _row(policy: TabularSoftmaxPolicy, means: torch.Tensor, m: dict[str, Any]) -> dict[str, Any]:
     """The logged metrics of one iteration (exact values after the update, sampled ones of
     the experience, the update's diagnostics and the control's coefficients)."""
@@ -120,6 +130,7 @@ def _row(policy: TabularSoftmaxPolicy, means: torch.Tensor, m: dict[str, Any]) -
         "entropy": float(policy.state_entropies().mean()),
         "entropy_sampled": m["entropy"],
         "entropy_tracked": m["entropy_tracked"],
+        "input_dependence": _input_dependence(policy),
         "reward": float(policy.expected_rewards(means).mean()),
         "reward_sampled": m["reward_mean"],
         **{k: m.get(k) for k in LOGGED_METRICS},
@@ -174,7 +185,9 @@ def run_one(
             old_logprobs=old_logprobs,
             versions=torch.full((len(states),), version),
         )
-        if control.tracks_handed:  # every state is sampled: probe's fixed states are all
+        if control.tracks_input_dependence:  # the states are the tasks, an arm the response
+            control.observe_states(_input_dependence(policy))
+        elif control.tracks_handed:  # every state is sampled: probe's fixed states are all
             entropy = float(policy.state_entropies().mean())
             if control.tracks_relative:  # the initial policy is the base model here
                 control.observe_states(entropy / initial["entropy"], initial["entropy"])

@@ -118,7 +118,8 @@ def test_the_default_estimator_is_exact_and_a_wrong_one_is_refused_in_one_line()
     with pytest.raises(ValueError, match=r"^algo.controller.estimator: expected one of exact"):
         build_algorithm({"name": "repo-r", "controller": {"estimator": "mean"}})
     with pytest.raises(
-        ValueError, match=r"^algo.controller.estimator must be exact, sampled, probe or relative"
+        ValueError,
+        match=r"^algo.controller.estimator must be exact, sampled, probe, relative or input_dependence",
     ):
         ControllerParams(estimator="mean")
 
