@@ -29,7 +29,7 @@ OPTION_GROUPS: dict[str, tuple[str, ...]] = {
     "learner: the LoRA policy, its scoring and its optimizer": (
         "dtype", "lr", "weight_decay", "max_grad_norm", "micro_batch_size",
         "micro_batch_tokens", "threads", "thread_split", "trim_heap", "sampler_entropy_check",
-        "old_logprobs", "score_layout", "action_only_head", "lora_rank", "lora_target_modules",
+        "input_dependence_every", "input_dependence_tasks", "old_logprobs", "score_layout", "action_only_head", "lora_rank", "lora_target_modules",
         "lora_alpha", "softmax_fix",
     ),
     "algorithm: the preset (its parts and knobs are listed at the end)": ("algo",),

@@ -26,6 +26,7 @@ from entrogym.agents.env_workers import (
 )
 from entrogym.algos import LEVERS, AlgorithmConfig, algorithm_mapping, get_algorithm
 from entrogym.algos.aepo import Aepo
+from entrogym.algos.algorithm import target_params
 from entrogym.dtypes import DTypeName
 from entrogym.models import LORA_TARGETS
 from entrogym.train.folder.trackers import NO_TRACKER, parse_report_to
@@ -118,6 +119,15 @@ class TrainConfig(AgentConfig):
             iteration (one extra no-grad scoring pass with exact entropies): whether the engine
             drew its tokens from the policy; |z| > 4 means it did not (e.g. a top-k sampler).
             Needs temperature 1, where the policy is the distribution sampled.
+        input_dependence_every: iterations between measurements of the input dependence
+            (0 = never; every iteration when ``algo.controller.estimator`` is
+            ``input_dependence``): how much the responses depend on the task, the mutual
+            information of ``input_dependence_tasks`` fixed tasks and ``samples`` responses to
+            each, sampled by the current weights and scored after every task's prompt before
+            the update (``entrogym.train.input_probe``; docs/runs.md). Logged as
+            ``input_dependence`` (nats) beside ``entropy``.
+        input_dependence_tasks: the probe tasks of the input dependence, drawn once from the
+            training split (>= 2; I is at most log of it).
         lora_rank: LoRA rank (paper: 16).
         lora_target_modules: names of the layers LoRA adapts (paper: q, k, v, o, gate, up,
             down projections); an architecture with other names needs its own (a missing one
@@ -167,6 +177,8 @@ class TrainConfig(AgentConfig):
     thread_split: ThreadSplitName = "elastic"
     trim_heap: bool = True
     sampler_entropy_check: bool = False
+    input_dependence_every: int = 0
+    input_dependence_tasks: int = 4
     old_logprobs: OldLogprobsName = "learner"
     score_layout: Literal["padded", "trimmed", "packed"] = "trimmed"
     action_only_head: bool = True
@@ -272,6 +284,14 @@ class TrainConfig(AgentConfig):
                 "log-probs, which old_logprobs sampler makes equal; drop one of them"
             )
 
+    @property
+    def measures_input_dependence(self) -> bool:
+        """Whether the run measures the input dependence at all: every
+        ``input_dependence_every`` iterations, or for a controller that tracks it."""
+        params = target_params(self.algo)
+        tracked = params is not None and params.estimator == "input_dependence"
+        return tracked or self.input_dependence_every > 0
+
     def env_limits(self) -> EnvLimits:
         """How the run's envs are isolated (``env_workers``, ``env_timeout``, memory)."""
         return EnvLimits(self.env_workers, self.env_timeout, self.env_max_memory_mb)
@@ -304,6 +324,15 @@ class TrainConfig(AgentConfig):
             raise ValueError(
                 "sampler_entropy_check compares samples with the policy's entropy and needs "
                 f"temperature 1 (got {self.temperature}); drop one of them"
+            )
+        if self.input_dependence_every < 0:
+            raise ValueError(
+                f"input_dependence_every must be >= 0 (0 = never), got {self.input_dependence_every}"
+            )
+        if self.measures_input_dependence and self.input_dependence_tasks < 2:
+            raise ValueError(
+                "input_dependence_tasks must be >= 2 (one task's responses carry no information "
+                f"about the task), got {self.input_dependence_tasks}"
             )
         if not 0 <= self.max_env_error_fraction <= 1:
             raise ValueError(

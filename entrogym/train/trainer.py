@@ -43,6 +43,7 @@ from entrogym.train.folder.safety import NothingToDo, RunFileError
 from entrogym.train.folder.state import TrainState
 from entrogym.train.folder.turn_metrics import entropy_by_turn
 from entrogym.train.heap import HeapTrim
+from entrogym.train.input_probe import measure_input_dependence
 from entrogym.train.learner.mismatch import (
     UNMEASURED_MISMATCH,
     sampler_mismatch,
@@ -205,6 +206,9 @@ class Trainer:
         temperature_stats = attach_temperature_samples(  # the aepo lever's only
             it, self.control, self.sampler, self.learner, self.ranks, self.phases
         )
+        input_stats = measure_input_dependence(  # when due, on the current weights
+            it, self.cfg, self.control, self.sampler, self.learner, self.ranks, self.phases
+        )
 
         if not self.cfg.max_staleness:  # no rollouts beside the update, and the next ones
             self.sampler.release_engine_caches()  # sample a new version: its memory is free
@@ -244,6 +248,7 @@ class Trainer:
             "cumulative_entropy": self.state.cumulative_entropy,
             **rollout_stats,
             **temperature_stats,
+            **input_stats,
             "learner_tokens": int(batch.lengths.sum()),
             "staleness_mean": float(staleness.float().mean()),
             "staleness_max": int(staleness.max()),

@@ -46,7 +46,7 @@ def test_the_lab_hands_the_controller_the_exact_information_of_state_and_arm():
     config = _config(target=0.5)
     lab = LabConfig(iters=4, n_states=6, n_arms=5, samples_per_state=8)
     _, rows = run_one(config, 0, lab)
-    assert all(0 < row["input_dependence"] for row in rows)
+    assert all(row["input_dependence"] > 0 for row in rows)
     for before, row in zip(rows, rows[1:], strict=False):
         # iteration i tracks the policy after update i - 1, whose information ``before`` logged
         assert row["entropy_tracked"] == pytest.approx(before["input_dependence"], rel=1e-12)

@@ -247,9 +247,11 @@ def summary_line(row: dict[str, Any]) -> str:
     """One iteration's row as the line the trainer prints."""
     zeta = "" if row.get("zeta") is None else f" zeta={row['zeta']:.2g}"
     eps = "" if row.get("eps_high") is None else f" eps_high={row['eps_high']:.3g}"
+    dependence = row.get("input_dependence")
+    mi = "" if dependence is None else f" input_dependence={dependence:.4f}"
     return (
         f"[{row['algo']}] iter {row['iteration']}: reward={row['reward_mean']:.3f} "
-        f"entropy={row['entropy']:.4f} clip_low={row.get('clip_frac_low', 0):.3f} "
+        f"entropy={row['entropy']:.4f}{mi} clip_low={row.get('clip_frac_low', 0):.3f} "
         f"clip_high={row.get('clip_frac_high', 0):.3f}{zeta}{eps} "
         f"rollout={row['rollout_s']:.1f}s update={row['update_s']:.1f}s{turns_text(row)}"
     )

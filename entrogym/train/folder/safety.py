@@ -68,6 +68,7 @@ RESUMABLE_FIELDS = frozenset(
         "resume",
         "checkpoint_every",
         "sampler_entropy_check",
+        "input_dependence_every",
         "score_layout",
         "action_only_head",
         "eval_env",

@@ -52,6 +52,9 @@ PROBE_ITERATION = 10**6
 # The AEPO lever's extra samples of iteration i (``Sampler.collect_at_temperature``) draw as
 # iteration TEMPERATURE_ITERATION + i would: past the probe's and any run's own draws.
 TEMPERATURE_ITERATION = 2 * 10**6
+# The input-dependence probe (``Sampler.collect_input_probe``) draws its fixed tasks as iteration
+# INPUT_PROBE_ITERATION would, and its samples of iteration i as INPUT_PROBE_ITERATION + 1 + i.
+INPUT_PROBE_ITERATION = 3 * 10**6
 
 
 class TrainingStopped(RuntimeError):
@@ -279,7 +282,24 @@ class Sampler:
         stream = self.engine.seeded(iteration_seed(cfg.seed, draw))
         what = f"iteration {it}'s AEPO samples at temperature {temperature:g}"
         return self._rollouts(draw, tasks, version=it, adapter=None, temperature=temperature,
-                              stream=stream, what=what)  # fmt: skip
+                              stream=stream, what=what, label="AEPO samples")  # fmt: skip
+
+    def collect_input_probe(self, it: int) -> tuple[UpdateBatch, dict[str, Any]]:
+        """Rank 0: the input-dependence probe's samples of iteration ``it``
+        (``entrogym.train.input_probe``): ``samples`` rollouts of each of the
+        ``input_dependence_tasks`` probe tasks by the current weights (version ``it``). The
+        tasks are the same every iteration (drawn as iteration ``INPUT_PROBE_ITERATION``
+        would); the sampling stream and env seeds are iteration ``INPUT_PROBE_ITERATION + 1 +
+        it``'s, in a seeded scope that leaves the engine's stream for the next batch as it was
+        (``hf``)."""
+        cfg = self.cfg
+        seed = iteration_seed(cfg.seed, INPUT_PROBE_ITERATION)
+        tasks = random.Random(seed).sample(self.tasks, cfg.input_dependence_tasks)
+        draw = INPUT_PROBE_ITERATION + 1 + it
+        stream = self.engine.seeded(iteration_seed(cfg.seed, draw))
+        what = f"iteration {it}'s input-dependence probe"
+        return self._rollouts(draw, tasks, version=it, adapter=None, temperature=cfg.temperature,
+                              stream=stream, what=what, label="probe samples")  # fmt: skip
 
     def _tasks_of(self, it: int) -> list[str]:
         """Iteration ``it``'s tasks: ``tasks_per_iter`` distinct ones of the split."""
@@ -297,18 +317,20 @@ class Sampler:
         temperature: float,
         stream: contextlib.AbstractContextManager[None] | None,
         what: str | None = None,
+        label: str = "rollouts",
     ) -> tuple[UpdateBatch, dict[str, Any]]:
         """``samples`` rollouts of each of ``tasks`` by weight ``version`` at ``temperature``,
         inside ``stream`` (a seeded scope, or None: the engine's own stream), with the env
         seeds iteration ``it`` draws; as a batch and its rollout statistics. ``what``: the
-        batch as an error names it (default: iteration ``it``)."""
+        batch as an error names it (default: iteration ``it``); ``label``: what the progress
+        counter calls them."""
         cfg = self.cfg
         t0 = time.perf_counter()
         total = len(tasks) * cfg.samples
         with (
             self._engine_lock,
             stream or contextlib.nullcontext(),
-            counter(total, "AEPO samples" if what else "rollouts", "episodes") as on_progress,
+            counter(total, label, "episodes") as on_progress,
         ):
             rollouts = collect_rollouts(
                 cfg.env,
@@ -415,6 +437,12 @@ def _task_ids(cfg: TrainConfig) -> list[str]:
             f"tasks_per_iter ({cfg.tasks_per_iter}) is above the {len(tasks)} tasks of "
             f"{cfg.env} (split {cfg.split or 'default'}); an iteration draws distinct tasks, "
             f"so pass --tasks-per-iter {len(tasks)} or less (or more --samples per task)"
+        )
+    if cfg.measures_input_dependence and cfg.input_dependence_tasks > len(tasks):
+        raise ValueError(
+            f"input_dependence_tasks ({cfg.input_dependence_tasks}) is above the {len(tasks)} "
+            f"tasks of {cfg.env} (split {cfg.split or 'default'}); pass "
+            f"--input-dependence-tasks {len(tasks)} or less"
         )
     return tasks
 
