@@ -10,7 +10,6 @@ import pytest
 import torch
 from scipy.stats import entropy as scipy_entropy
 
-from entrogym.algos import UpdateBatch
 from entrogym.algos.input_dependence import (
     cross_pairs,
     cross_scores,
@@ -20,6 +19,7 @@ from entrogym.algos.input_dependence import (
     input_dependence_per_token,
     retrieval_accuracy,
 )
+from tests.token_rows import episodes_batch
 
 
 def _sample(table: np.ndarray, per_task: int, rng: np.random.Generator):
@@ -146,23 +146,8 @@ def test_the_exact_formula_refuses_rows_that_are_not_distributions():
         input_dependence_exact(torch.tensor([[0.0, 0.0], [-1.0, -1.0]]))
 
 
-def _batch(rows: list[tuple[list[int], list[int]]], groups: list[int]) -> UpdateBatch:
-    """Episodes as (token ids, action mask) rows, right-padded with 0."""
-    width = max(len(ids) for ids, _ in rows)
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    mask = torch.zeros(len(rows), width)
-    for i, (tokens, acting) in enumerate(rows):
-        ids[i, : len(tokens)] = torch.tensor(tokens)
-        mask[i, : len(acting)] = torch.tensor(acting, dtype=torch.float32)
-    lengths = torch.tensor([len(t) for t, _ in rows])
-    attention = (torch.arange(width)[None] < lengths[:, None]).long()
-    return UpdateBatch.build(None, rewards=torch.zeros(len(rows)), group_ids=torch.tensor(groups),
-                             mask=mask, lengths=lengths, input_ids=ids,
-                             attention_mask=attention)  # fmt: skip
-
-
 def test_cross_pairs_put_every_first_turn_after_every_tasks_prompt():
-    batch = _batch(
+    batch = episodes_batch(
         [
             ([11, 12, 5, 6], [0, 0, 1, 1]),  # task 7: prompt 11 12, response 5 6
             ([11, 12, 8], [0, 0, 1]),  # task 7 again

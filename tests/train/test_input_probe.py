@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from entrogym.algos import UpdateBatch, input_dependence
+from entrogym.algos import input_dependence
 from entrogym.commands.train import cli
 from entrogym.train.config import TrainConfig
 from entrogym.train.devices.distributed import Ranks
@@ -20,20 +20,7 @@ from entrogym.train.input_probe import score_input_dependence
 from entrogym.train.learner.update import Learner
 from entrogym.train.phases import PhaseClock
 from tests.lora_policy import randomise_lora_b
-
-
-def _episodes(rows: list[tuple[list[int], list[int]]], groups: list[int]) -> UpdateBatch:
-    width = max(len(ids) for ids, _ in rows)
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    mask = torch.zeros(len(rows), width)
-    for i, (tokens, acting) in enumerate(rows):
-        ids[i, : len(tokens)] = torch.tensor(tokens)
-        mask[i, : len(acting)] = torch.tensor(acting, dtype=torch.float32)
-    lengths = torch.tensor([len(t) for t, _ in rows])
-    attention = (torch.arange(width)[None] < lengths[:, None]).long()
-    return UpdateBatch.build(None, rewards=torch.zeros(len(rows)), group_ids=torch.tensor(groups),
-                             mask=mask, lengths=lengths, input_ids=ids,
-                             attention_mask=attention)  # fmt: skip
+from tests.token_rows import episodes_batch
 
 
 def _direct_score(model: torch.nn.Module, prompt: list[int], response: list[int]) -> float:
@@ -66,7 +53,7 @@ def test_the_learners_cross_scores_are_direct_forwards_of_each_prompt_and_respon
     rows.append((prompt + first + [90, 91] + [12], [0] * 3 + [1] * 3 + [0, 0] + [1]))
     groups.append(1)
     responses.append(first)
-    metrics = score_input_dependence(learner, _episodes(rows, groups))
+    metrics = score_input_dependence(learner, episodes_batch(rows, groups))
     direct = torch.tensor(
         [[_direct_score(learner.policy, prompts[j], r) for r in responses] for j in range(3)]
     )
