@@ -196,6 +196,13 @@ class EntropyControl:
             # probe batches and the first iterations weigh one batch each
             measured = self.probe + seen[:needed]
             reference = sum(measured) / len(measured)
+            if self.tracks_input_dependence and not reference > 0:
+                # an estimate near 0 may come out negative: no ratio of it is a target
+                raise ValueError(
+                    f"controller.estimator input_dependence: the first iterations measured "
+                    f"{reference:.4g} nats, so a ratio target of it means nothing; set "
+                    "algo.controller.target_unit nats and the target in nats"
+                )
             # no target: the first entropy, to report the drift from it
             self.target = reference if params is None else params.target * reference
 

@@ -53,3 +53,13 @@ def test_the_lab_hands_the_controller_the_exact_information_of_state_and_arm():
     # the target is half the first iteration's information, not an entropy
     assert rows[0]["entropy_target"] == pytest.approx(0.5 * rows[0]["entropy_tracked"])
     assert rows[0]["entropy_tracked"] != pytest.approx(rows[0]["entropy"], rel=1e-3)
+
+
+def test_a_ratio_of_a_first_value_at_or_below_zero_is_refused():
+    control = EntropyControl(_config())
+    control.observe_states(-0.01)  # an estimate of an information near 0 can be negative
+    with pytest.raises(ValueError, match="target_unit nats"):
+        control.reference(-0.01)
+    absolute = EntropyControl(_config(target_unit="nats", target=0.2))
+    absolute.reference(-0.01)
+    assert absolute.target == 0.2
