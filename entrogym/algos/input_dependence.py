@@ -53,12 +53,12 @@ def input_dependence(scores: torch.Tensor, tasks: torch.Tensor) -> float:
 
     I(X; Y) = E_{x_i, y ~ pi(.|x_i)}[log pi(y|x_i) - log p(y)] with the marginal p(y) =
     (1/n) sum_j pi(y|x_j) (the definition of I as the expected log-ratio of conditional to
-    marginal, Cover & Thomas 2006, eq. 2.28). The marginal is summed over the n tasks exactly,
+    marginal, Cover & Thomas 2006, Sec. 2.3). The marginal is summed over the n tasks exactly,
     so the mean of the per-response terms is unbiased for I on these tasks; each task weighs
     1/n however many of its responses came back. Every term is at most log n, so the estimate is
-    too. The score matrix is RAGEN-2's cross-scoring (Wang et al. 2026, Sec. 3), there used
-    for retrieval accuracy (:func:`retrieval_accuracy`) and z-scored proxies; this is the
-    estimate of I itself, in nats per response.
+    too. The score matrix is RAGEN-2's in-batch cross-scoring (Wang et al. 2026), there read
+    as proxies of I (retrieval accuracy, :func:`retrieval_accuracy`, and z-scored scores);
+    this is the estimate of I itself, in nats per response.
 
     ``-inf`` in ``scores`` marks a response another task's prompt can never give; a response's
     score under its own task must be finite (it was sampled there). Every task 0..n-1 needs a
@@ -81,8 +81,9 @@ def input_dependence_per_token(
     scores: torch.Tensor, response_lengths: torch.Tensor, tasks: torch.Tensor
 ) -> float:
     """:func:`input_dependence` on length-normalised scores: ``scores[j, k] / response_lengths[k]``,
-    each response's mean log-prob per token under each prompt, as cross-scoring proxies of input
-    dependence score responses (Wang et al. 2026, RAGEN-2, Sec. 3).
+    each response's mean log-prob per token under each prompt. The normalisation is entrogym's
+    choice, so that long responses do not dominate; the estimator it feeds is
+    :func:`input_dependence`'s (Cover & Thomas 2006, Sec. 2.3).
 
     A proxy in nats per token, not an information of the policy in general: like I it is 0 when
     the responses do not depend on the task and at most log n, and it equals
@@ -101,7 +102,7 @@ def input_dependence_per_token(
 
 def retrieval_accuracy(scores: torch.Tensor, tasks: torch.Tensor) -> float:
     """The share of responses whose own task's prompt scores them highest among the n prompts
-    (RAGEN-2's retrieval accuracy, Wang et al. 2026, Sec. 3), each task weighing 1/n; a tie
+    (RAGEN-2's retrieval accuracy, Wang et al. 2026), each task weighing 1/n; a tie
     counts as the share of the tied prompts that are its own, so input-independent responses
     score 1/n exactly, the chance level, and responses that name their task score 1."""
     scores = _check_scores("scores", scores)
