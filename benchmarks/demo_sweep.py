@@ -1,6 +1,6 @@
 """The LLM demo's sweep (its runs: docs/results.md): one training run per cell, ``--jobs`` at a time.
 
-Each cell is the demo's TrainConfig (``entrogym.demo.demo_config``: SmolLM2-135M-Instruct,
+Each cell is the demo's TrainConfig (``entrogym.experiments.demo_config``: SmolLM2-135M-Instruct,
 one-digit arithmetic, the demo's tasks x samples per iteration, 48 response tokens) with its own
 preset, knobs, learning rate, iteration count and seed. Every finished run appends one JSON line
 to ``OUT/sweep.jsonl``: the settings, the per-iteration entropy, target, lever coefficient and
@@ -30,7 +30,7 @@ from typing import Any
 
 from entrogym.algos.levers import LEVERS
 from entrogym.commands.demo_runs import parse_run, spec_label
-from entrogym.demo import demo_config, tracking, train_one
+from entrogym.experiments import demo_config, tracking, train_one
 
 CELL_KEYS = ("lr", "iters", "seed", "engine", "engine_dtype", "eval_tasks", "threads")
 

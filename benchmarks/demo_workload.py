@@ -4,13 +4,13 @@ What ``entrogym demo`` trains (docs/demo.md): SmolLM2-135M-Instruct through the 
 fp32 (``AGENT``: 48 response tokens, 256 context tokens, the demo's system prompt), one-digit
 ``entrogym/Arithmetic-v0`` (``ENV``, ``ENV_KWARGS``), the demo's learning rate and one run's
 ``TrainConfig`` (``demo_config``). The benchmarks read it from here, the one module of theirs
-that imports the demo, and only through its public exports (``entrogym.demo.__all__``), so a
+that imports the demo, and only through its public exports (``entrogym.experiments.__all__``), so a
 change to the demo's settings reaches every benchmark that measures on them.
 """
 
 from __future__ import annotations
 
-from entrogym.demo import (
+from entrogym.experiments import (
     AGENT,
     DEFAULT_LR,
     ENV,

@@ -5,17 +5,17 @@ on the demo's workload, for each seed, with the demo's goal checked per seed.
     nice -n 10 .venv/bin/python benchmarks/entropy_hold.py --out runs/entropy-hold \\
         --seeds 0 1 --iterations 20 --trl-delta 0.005,0.05
 
-The workload is ``entrogym demo``'s (``entrogym.demo``): SmolLM2-135M-Instruct in fp32,
+The workload is ``entrogym demo``'s (``entrogym.experiments``): SmolLM2-135M-Instruct in fp32,
 the ``hf`` engine, one-digit ``entrogym/Arithmetic-v0``, its tasks x samples per iteration, 48
 response tokens, one epoch in two minibatches, the demo's LoRA and learning rate. entrogym's
 runs are demo run specs (``--runs``, default the demo's three) trained by the demo's own runner
-(``entrogym.demo.plan_jobs``, ``run_jobs``). TRL's row is ``GRPOTrainer`` with ``use_adaptive_entropy=True`` on the
+(``entrogym.experiments.plan_jobs``, ``run_jobs``). TRL's row is ``GRPOTrainer`` with ``use_adaptive_entropy=True`` on the
 same model folder, prompts (in the order the trainer draws them), K, token budget, LoRA, lr,
 clip and batching (``trl_entropy.py`` in ``.venv-bench``, as ``iteration.py`` runs TRL), with
 ``entropy_target`` set to its first iteration's logged entropy and one row per
 ``--trl-delta`` (its ``entropy_coef_delta``; TRL's default 0.005). TRL's adapters, after the
 first and the last iteration's update, are scored by entrogym's own evaluation
-(``entrogym.demo.held_out_accuracy``: the same 40 test tasks, seed and sampling as the
+(``entrogym.experiments.held_out_accuracy``: the same 40 test tasks, seed and sampling as the
 demo's eval rows), so both sides are measured by one grader. ``tracking_error`` and
 ``max_excursion`` of every row come from the demo's ``tracking`` and the verdict from its
 ``goal``.
@@ -64,7 +64,7 @@ from typing import Any
 from iteration import BENCH_PYTHON, HERE, bench_env_problem, build_workload, run_worker
 
 from entrogym.commands.demo_runs import parse_run
-from entrogym.demo import (
+from entrogym.experiments import (
     AGENT,
     DEFAULT_LR,
     DEFAULT_RUNS,
@@ -103,7 +103,7 @@ class TrlJob:
 
 def run_trl_job(job: TrlJob) -> dict[str, Any]:
     """TRL's run in ``.venv-bench``, then its two adapters scored by entrogym's evaluation; a
-    record in the shape of ``entrogym.demo.train_one``'s."""
+    record in the shape of ``entrogym.experiments.train_one``'s."""
     from entrogym.train.devices.precision import apply_threads
 
     start = time.perf_counter()

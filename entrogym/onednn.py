@@ -1,7 +1,7 @@
 """oneDNN's linear kernel on CPU: ``x @ weight.T`` without MKL's sgemm.
 
 On CPU, torch's fp32 matmul calls MKL's sgemm, which can run far below what the machine does.
-At the shapes entrogym computes, on an AMD EPYC with 2 threads (``benchmarks/onednn_kernels.py``,
+At the shapes entrogym computes, on an AMD EPYC with 2 threads (``benchmarks/studies/onednn_kernels.py``,
 docs/results.md), oneDNN's kernel ran:
 
 - a decode step's projections (24 rows of SmolLM2) at 292 GFLOP/s against 88-110 for sgemm in

@@ -13,7 +13,7 @@ from typing import Any
 
 from entrogym.commands.lab_runs import DEFAULT_ALGOS, lab_config
 from entrogym.commands.options import make_parser, parse_options, run_command
-from entrogym.theory.lab_config import LabConfig, LabSettings
+from entrogym.experiments.lab_config import LabConfig, LabSettings
 
 PROG = "entrogym bandit"
 DESCRIPTION = (
@@ -62,8 +62,8 @@ def cli(argv: list[str]) -> int:
         return sweep_cli(argv[1:], prog=f"{PROG} sweep")
 
     def body() -> int:
-        from entrogym.theory.lab import run_lab
-        from entrogym.theory.lab_report import format_table
+        from entrogym.experiments.lab import run_lab
+        from entrogym.experiments.lab_report import format_table
 
         opts = parse_options(build_parser(), argv, BanditOptions)
         lab = opts.lab()

@@ -5,7 +5,7 @@ Options are named as on the command line: lab knobs are ``LabSettings`` fields (
 (``algo.controller``, ``algo.controller.kp``, ``algo.lever.centering``, ``algo.epochs``). Each
 grid cell of each preset becomes exactly the ``LabConfig`` and labelled variant
 (``"repo-d --algo.controller pi"``) that ``entrogym bandit`` would run
-(``entrogym.theory.sweep`` runs them).
+(``entrogym.experiments.lab_sweep`` runs them).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pathlib import Path
 
 from entrogym.commands.algo_text import algo_args_mapping, convert_text, typed_spec
 from entrogym.commands.lab_runs import entry_spec, lab_runs
-from entrogym.theory.lab_config import LabConfig, LabSettings
-from entrogym.theory.sweep import SweepCell, run_sweep, write_sweep
+from entrogym.experiments.lab_config import LabConfig, LabSettings
+from entrogym.experiments.lab_sweep import SweepCell, run_sweep, write_sweep
 
 ALGO_PREFIX = "algo."
 # Chosen per sweep rather than per cell: the seeds are the sweep's own.

@@ -10,7 +10,7 @@ from typing import Any
 
 from entrogym.commands.demo_runs import run_option
 from entrogym.commands.options import make_parser, parse_options, run_command
-from entrogym.demo.config import (
+from entrogym.experiments.config import (
     DEFAULT_ITERATIONS,
     DEFAULT_LR,
     DEFAULT_RUNS,
@@ -25,7 +25,7 @@ PROG = "entrogym demo"
 
 @dataclass
 class DemoOptions:
-    """The demo's knobs (the rollout settings are fixed: entrogym.demo.AGENT).
+    """The demo's knobs (the rollout settings are fixed: entrogym.experiments.AGENT).
 
     Args:
         out: output folder (must be empty or new).
@@ -39,7 +39,7 @@ class DemoOptions:
         eval_tasks: held-out tasks per evaluation (0: no held-out evaluation).
         seeds: one run per listed seed and run; a seed drives task sampling, rollouts and
             minibatch order. The goal must hold on every seed.
-        engine: rollout engine (None: the demo's default, entrogym.demo.AGENT.engine).
+        engine: rollout engine (None: the demo's default, entrogym.experiments.AGENT.engine).
         workers: worker processes running the jobs side by side, each with cores // workers
             torch threads (at least 1; None: two per core, or fewer when there are fewer jobs,
             so both cores stay busy until the last run ends).
@@ -98,14 +98,12 @@ class DemoOptions:
 
 
 def build_parser() -> Any:
-    from entrogym import demo
-
-    return make_parser(PROG, (demo.__doc__ or "").split("\n")[0], DemoOptions)
+    return make_parser(PROG, (__doc__ or "").split("\n")[0], DemoOptions)
 
 
 def cli(argv: list[str]) -> int:
     def body() -> int:
-        from entrogym.demo.run import run_demo
+        from entrogym.experiments.run import run_demo
 
         opts = parse_options(build_parser(), argv, DemoOptions)
         run_demo(Path(opts.out), opts.runs, opts.iterations, opts.lr, opts.eval_tasks,

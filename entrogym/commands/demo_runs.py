@@ -15,7 +15,7 @@ from entrogym.commands.algo_text import (
     resolve_algorithm,
     typed_spec,
 )
-from entrogym.demo.config import DEMO_UPDATE, DemoRun
+from entrogym.experiments.config import DEMO_UPDATE, DemoRun
 
 
 def split_run(text: str) -> tuple[str, str]:

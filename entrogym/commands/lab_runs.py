@@ -13,7 +13,7 @@ from typing import Any
 
 from entrogym.algos import ALGORITHMS
 from entrogym.commands.algo_text import label, merge_specs, parse_label, resolve_algorithm
-from entrogym.theory.lab_config import LabConfig, LabRun
+from entrogym.experiments.lab_config import LabConfig, LabRun
 
 # Beside the paper-cap presets, `entrogym bandit` runs these variants scaled to the toy, taken
 # from the regime map in docs/bandit.md (3-seed sweeps at the lab's defaults, lr 64, 50 iters):

@@ -11,18 +11,18 @@ from typing import Any
 
 from entrogym.commands.demo_runs import run_option
 from entrogym.commands.options import make_parser, parse_options, run_command
-from entrogym.demo.config import DemoRun
+from entrogym.experiments.config import DemoRun
 
 PROG = "entrogym sequential"
 
 
 @dataclass
 class SequentialOptions:
-    """The sequential experiment's knobs (rollout settings are the demo's: entrogym.demo.AGENT).
+    """The sequential experiment's knobs (rollout settings are the demo's: entrogym.experiments.AGENT).
 
     Args:
         out: output folder (must be empty or new).
-        pair: the task pair (A, B) by name; see entrogym.demo.sequential.PAIRS.
+        pair: the task pair (A, B) by name; see entrogym.experiments.sequential.PAIRS.
         task_a: env id of task A instead of the pair's (with task_a_kwargs).
         task_a_kwargs: env kwargs of task_a.
         task_b: env id of task B instead of the pair's (with task_b_kwargs); it needs a
@@ -44,7 +44,7 @@ class SequentialOptions:
             run's accuracy curve, and ``accuracy_late``, its mean over stage 2's second half.
         pass_tasks: task A's held-out tasks scored for pass@k.
         pass_samples: samples per task for pass@k (k = 1, 4, 16, 64 up to it, and it).
-        engine: rollout engine (None: the demo's, entrogym.demo.AGENT.engine).
+        engine: rollout engine (None: the demo's, entrogym.experiments.AGENT.engine).
         model: model name (None: the demo's SmolLM2; tests use tiny-random-llama).
         workers: worker processes side by side, one thread each (None: two per core).
         stage1_from: continue a finished stage 1 instead of training it again: a previous
@@ -75,7 +75,7 @@ class SequentialOptions:
     stage1_from: str | None = None
 
     def __post_init__(self) -> None:
-        from entrogym.demo.sequential import PAIRS
+        from entrogym.experiments.sequential import PAIRS
 
         if self.pair not in PAIRS:
             raise ValueError(f"pair: unknown pair {self.pair!r}; choose from {', '.join(PAIRS)}")
@@ -109,7 +109,7 @@ class SequentialOptions:
 
 
 def _default_runs() -> tuple[str, ...]:
-    from entrogym.demo.sequential import RUNS
+    from entrogym.experiments.sequential import RUNS
 
     return RUNS
 
@@ -136,14 +136,14 @@ def check_task(role: str, env: str, kwargs: dict[str, Any]) -> None:
 
 
 def build_parser() -> Any:
-    from entrogym.demo import sequential
+    from entrogym.experiments import sequential
 
     return make_parser(PROG, (sequential.__doc__ or "").split("\n")[0], SequentialOptions)
 
 
 def cli(argv: list[str]) -> int:
     def body() -> int:
-        from entrogym.demo.sequential import PAIRS, Plan, Task, TaskPair, run_sequential
+        from entrogym.experiments.sequential import PAIRS, Plan, Task, TaskPair, run_sequential
 
         opts = parse_options(build_parser(), argv, SequentialOptions)
         pair = PAIRS[opts.pair]

@@ -169,6 +169,8 @@ def test_engine_keeps_the_users_variables(tiny, recorder, monkeypatch):
 def test_engine_rejects_bad_batch_and_threads_before_starting(tiny, recorder):
     with pytest.raises(ValueError, match="max_num_seqs"):
         VLLMEngine(tiny, dtype="fp32", max_model_len=256, max_num_seqs=0)
+    with pytest.raises(ValueError, match="max_loras must be a positive integer"):
+        VLLMEngine(tiny, dtype="fp32", max_model_len=256, max_loras=0)  # checked by every engine
     with pytest.raises(ValueError, match="threads"):
         VLLMEngine(tiny, dtype="fp32", max_model_len=256, threads=len(ALLOWED) + 1)
     assert recorder == []

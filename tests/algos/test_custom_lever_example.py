@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from entrogym.algos import ALGORITHMS, LEVERS, build_algorithm
-from entrogym.theory.lab import run_one
-from entrogym.theory.lab_config import LabConfig
+from entrogym.experiments.lab import run_one
+from entrogym.experiments.lab_config import LabConfig
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 EXAMPLE = EXAMPLES / "custom_entropy_control.py"

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from entrogym.algos import EntropyControl, build_algorithm
-from entrogym.theory.lab import run_one
-from entrogym.theory.lab_config import LabConfig
+from entrogym.experiments.lab import run_one
+from entrogym.experiments.lab_config import LabConfig
 
 
 def _config(**controller):

@@ -20,8 +20,8 @@ from entrogym.algos import (
     policy_update,
     relative_entropy,
 )
-from entrogym.theory.lab import run_one
-from entrogym.theory.lab_config import LabConfig
+from entrogym.experiments.lab import run_one
+from entrogym.experiments.lab_config import LabConfig
 
 
 def _hand_entropy(logits: list[float]) -> float:

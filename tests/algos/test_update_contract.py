@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from entrogym.algos import EntropyControl, UpdateBatch, build_algorithm, policy_update
-from entrogym.theory.lab import _scorer
+from entrogym.experiments.lab import _scorer
 from entrogym.theory.tabular import TabularSoftmaxPolicy
 
 

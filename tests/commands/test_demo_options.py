@@ -11,7 +11,7 @@ from entrogym.commands.demo import DemoOptions, build_parser
 from entrogym.commands.demo import cli as demo_cli
 from entrogym.commands.demo_runs import parse_run
 from entrogym.commands.options import parse_options
-from entrogym.demo import DEFAULT_ITERATIONS, DEFAULT_RUNS, demo_config
+from entrogym.experiments import DEFAULT_ITERATIONS, DEFAULT_RUNS, demo_config
 
 
 def test_a_variant_is_labelled_and_keeps_the_presets_other_values(tmp_path: Path) -> None:
@@ -80,7 +80,7 @@ def test_sweep_cells_parse_and_name_uniquely() -> None:
 
 def test_the_demo_config_takes_another_sampler_dtype(tmp_path) -> None:
     from entrogym.commands.demo_runs import parse_run
-    from entrogym.demo.config import demo_config
+    from entrogym.experiments.config import demo_config
 
     algo = parse_run("grpo").algo
     assert demo_config(algo, tmp_path, 2, 1e-3, 0).engine_dtype == "fp32"

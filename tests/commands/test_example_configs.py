@@ -183,7 +183,7 @@ def test_the_quickstart_trains_at_the_demos_settings(tmp_path: Path) -> None:
     """The README's quickstart is the demo's REPO-R run: the same task, sampler, batch and
     learning rate, so the demo's measured times and rewards are the quickstart's."""
     from entrogym.commands.demo_runs import parse_run
-    from entrogym.demo.config import DEFAULT_LR, demo_config
+    from entrogym.experiments.config import DEFAULT_LR, demo_config
 
     quick = load(CONFIG_DIR / "quickstart.yaml")
     demo = demo_config(parse_run("repo-r").algo, tmp_path, quick.iterations, DEFAULT_LR, 40)

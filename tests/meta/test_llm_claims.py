@@ -74,7 +74,7 @@ def tiny_batch():
 
 def test_one_real_update_moves_the_ratios_and_rounding_changes_only_bf16(tiny_batch):
     from entrogym.commands.demo_runs import parse_run
-    from entrogym.demo import demo_config
+    from entrogym.experiments import demo_config
     from entrogym.train.learner.policy import load_policy
 
     cfg = demo_config(parse_run("grpo").algo, Path("unused"), 1, 0.05, 1)

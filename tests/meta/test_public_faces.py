@@ -8,7 +8,7 @@ import pytest
 
 
 @pytest.mark.parametrize(
-    "package", ["entrogym.algos", "entrogym.agents", "entrogym.train", "entrogym.demo"]
+    "package", ["entrogym.algos", "entrogym.agents", "entrogym.train", "entrogym.experiments"]
 )
 def test_every_public_name_imports(package: str) -> None:
     module = importlib.import_module(package)

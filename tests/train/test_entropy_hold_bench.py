@@ -21,7 +21,7 @@ import entropy_hold  # noqa: E402
 import iteration  # noqa: E402
 import trl_entropy  # noqa: E402
 
-from entrogym.demo import SAMPLES, TASKS, tracking  # noqa: E402
+from entrogym.experiments import SAMPLES, TASKS, tracking  # noqa: E402
 
 TINY = ["--model", "tiny-random-llama", "--eval-tasks", "2"]
 

@@ -200,7 +200,7 @@ def test_bad_input_is_named(tmp_path):
 def test_smollm2_with_the_vllm_engine(tmp_path):
     """The default model through in-process vLLM: rollouts with the run's adapter, fp32
     rescoring, a REPO-R update, and a held-out eval of the updated adapter."""
-    from entrogym.demo import ENV, ENV_KWARGS, SYSTEM_PROMPT
+    from entrogym.experiments import ENV, ENV_KWARGS, SYSTEM_PROMPT
 
     cfg = TrainConfig(
         **TINY_SETTINGS

@@ -16,8 +16,7 @@ distribution: no setting comes from the checkpoint's ``generation_config`` (see
 
 from __future__ import annotations
 
-import typing
-from typing import Any, Literal
+from typing import Any
 
 from entrogym.agents.engines.base import (
     Completion,
@@ -26,13 +25,8 @@ from entrogym.agents.engines.base import (
     SamplingParams,
     check_adapter,
 )
+from entrogym.agents.engines.kinds import DECODE_PATHS, ENGINE_KINDS, DecodePath, EngineKind
 
-# The one source of truth for engine kinds (configs and command lines import it).
-EngineKind = Literal["auto", "vllm", "vllm-server", "hf"]
-ENGINE_KINDS: tuple[str, ...] = typing.get_args(EngineKind)
-# How the ``hf`` engine samples (``HFEngine(decode=...)``, ``--engine-decode``).
-DecodePath = Literal["generate", "static", "static-cdf"]
-DECODE_PATHS: tuple[str, ...] = typing.get_args(DecodePath)
 # What ``auto`` means without CUDA: on the 2-core CPU this project measures on, ``hf`` starts
 # in under a second against vLLM-CPU's 28-40 s and peaks at 1.7 GB against 3.7 GB, which
 # outweighs vLLM's faster decoding over a demo-sized run (docs/performance.md).

@@ -7,7 +7,7 @@ iteration, so the ``hf`` engine paid that for each. When the version it evicts h
 config, the layers are already there, and copying the saved tensors into them
 (``set_peft_model_state_dict``) took 0.03 s for SmolLM2's adapter. A call that switches to a
 new version and prefills the demo's batch took 0.544 s the old way and 0.411 s this way in
-fp32, 0.432 and 0.260 s in bf16 (``benchmarks/adapter_switch.py``, docs/results.md).
+fp32, 0.432 and 0.260 s in bf16 (``benchmarks/studies/adapter_switch.py``, docs/results.md).
 """
 
 from __future__ import annotations

@@ -91,18 +91,43 @@ class EngineDied(RuntimeError):
     """The engine's process is gone; :meth:`Engine.generate` restarts it once."""
 
 
+def positive_int(value: Any) -> bool:
+    """Whether ``value`` is an int >= 1 (a bool is not)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 class Engine(ABC):
     """Base class: validation, adapter checks and restart-once live here; subclasses implement
-    :meth:`_start`, :meth:`_shutdown` and :meth:`_generate`."""
+    :meth:`_start`, :meth:`_shutdown` and :meth:`_generate`.
+
+    The keywords every engine takes are checked and kept here, once (an engine hands them on in
+    this order): ``max_model_len`` (prompt plus completion tokens, >= 2), ``seed``,
+    ``max_loras`` (adapters kept loaded at once, >= 1) and ``max_num_seqs`` (most sequences
+    generated at once, >= 1; None: the engine's own default)."""
 
     kind: str = "base"
 
-    def __init__(self, model: str, *, max_model_len: int, seed: int = 0) -> None:
+    def __init__(
+        self,
+        model: str,
+        max_model_len: int,
+        seed: int = 0,
+        max_loras: int = 1,
+        max_num_seqs: int | None = None,
+    ) -> None:
         if not isinstance(max_model_len, int) or max_model_len < 2:
             raise ValueError(f"max_model_len must be an integer >= 2, got {max_model_len!r}")
+        if not positive_int(max_loras):
+            raise ValueError(f"max_loras must be a positive integer, got {max_loras!r}")
+        if max_num_seqs is not None and not positive_int(max_num_seqs):
+            raise ValueError(
+                f"max_num_seqs must be a positive integer or None, got {max_num_seqs!r}"
+            )
         self.model = str(model)
         self.max_model_len = max_model_len
         self.seed = seed
+        self.max_loras = max_loras
+        self.max_num_seqs = max_num_seqs
         self.restarts = 0
         self._closed = False
 

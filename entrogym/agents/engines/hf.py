@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 
-from entrogym.agents.engines import DECODE_PATHS
 from entrogym.agents.engines.adapter_slots import load_into_slot
 from entrogym.agents.engines.base import Completion, Engine, SamplingParams, engine_dtype
 from entrogym.agents.engines.draws import STATIC_DRAWS
+from entrogym.agents.engines.kinds import DECODE_PATHS
 from entrogym.agents.engines.sampling_copy import adapter_unsupported_reason
 from entrogym.agents.engines.shared_weights import model_on_tensors
 from entrogym.agents.engines.static_decode import StaticDecoder, unsupported_reason
@@ -91,22 +91,13 @@ class HFEngine(Engine):
         base_weights: Mapping[str, torch.Tensor] | None = None,
         decode: str = "generate",
     ) -> None:
-        super().__init__(model, max_model_len=max_model_len, seed=seed)
+        super().__init__(model, max_model_len, seed, max_loras, max_num_seqs)
         if decode not in DECODE_PATHS:
             raise ValueError(f"decode must be one of {list(DECODE_PATHS)}, got {decode!r}")
         self.decode = decode
-        if isinstance(max_loras, bool) or not isinstance(max_loras, int) or max_loras < 1:
-            raise ValueError(f"max_loras must be a positive integer, got {max_loras!r}")
-        self.max_loras = max_loras
         name = engine_dtype(dtype)
         self.dtype = torch.float32 if name == "auto" else getattr(torch, name)
         self.device = torch.device(device)
-        if max_num_seqs is not None and (
-            isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1
-        ):
-            raise ValueError(
-                f"max_num_seqs must be a positive integer or None, got {max_num_seqs!r}"
-            )
         self.max_num_seqs = max_num_seqs or hf_max_num_seqs(self.model, dtype, max_model_len)
         self._model: Any = None
         self._base_weights = base_weights

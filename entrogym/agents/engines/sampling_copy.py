@@ -101,7 +101,7 @@ def input_major(weight: torch.Tensor) -> torch.Tensor:
     ``x @ w`` instead of ``F.linear(x, weight)``. At a decode step's few rows the layouts run
     at very different speeds on CPU: with 24 rows of SmolLM2's widths and 2 threads, MKL ran
     ``F.linear`` at 31-44 GFLOP/s and ``x @ w`` at 62-137 (from 96 rows on they are alike;
-    ``benchmarks/matmul_layout.py``, docs/results.md). Whole decode steps ran 1.34x faster
+    ``benchmarks/studies/matmul_layout.py``, docs/results.md). Whole decode steps ran 1.34x faster
     with 2 threads, 1.04x with 1. The sampling copy is built once per adapter version, so its
     layout costs one transpose."""
     return weight.t().contiguous()
@@ -118,7 +118,7 @@ class Projection:
     that no step repacks it. At 24 rows of SmolLM2, streaming 30 layers' weights as a step
     does, oneDNN ran the step's matmuls at 292 GFLOP/s in fp32 against 88-110 for MKL's sgemm
     in any layout, and at 498 GFLOP/s in bf16 against 252-301 (2 threads, an AMD EPYC;
-    ``benchmarks/onednn_kernels.py``, docs/results.md). Either packed copy is the weight's
+    ``benchmarks/studies/onednn_kernels.py``, docs/results.md). Either packed copy is the weight's
     size. Otherwise (a GPU, a torch without oneDNN, or bf16 on a CPU without native bf16):
     stored :func:`input_major`."""
 

@@ -80,17 +80,9 @@ class VLLMEngine(Engine):
         enable_prefix_caching: bool = True,
         **llm_kwargs: Any,
     ) -> None:
-        super().__init__(model, max_model_len=max_model_len, seed=seed)
+        super().__init__(model, max_model_len, seed, max_loras, max_num_seqs)
         self.dtype = engine_dtype(dtype)
         self.max_lora_rank = vllm_max_lora_rank(max_lora_rank)
-        self.max_loras = max_loras
-        if max_num_seqs is not None and (
-            isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1
-        ):
-            raise ValueError(
-                f"max_num_seqs must be a positive integer or None, got {max_num_seqs!r}"
-            )
-        self.max_num_seqs = max_num_seqs
         self.kv_cache_gb = kv_cache_gb
         self.threads = threads
         # Checked now, so a bad value fails before any process starts.

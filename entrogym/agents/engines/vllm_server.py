@@ -123,15 +123,12 @@ class VLLMServerEngine(Engine):
         max_concurrency: int = 64,
         server_args: list[str] | None = None,
     ) -> None:
-        super().__init__(model, max_model_len=max_model_len, seed=seed)
+        super().__init__(model, max_model_len, seed, max_loras, max_num_seqs)
         if urls is not None and not urls:
             raise ValueError("urls is empty; pass server URLs or None to start a local server")
         _check_retry_options(request_timeout, max_retries, retry_backoff)
         self.urls = [u.rstrip("/") for u in urls] if urls else []
         self.max_lora_rank = vllm_max_lora_rank(max_lora_rank)
-        if isinstance(max_loras, bool) or not isinstance(max_loras, int) or max_loras < 1:
-            raise ValueError(f"max_loras must be a positive integer, got {max_loras!r}")
-        self.max_loras = max_loras
         self.request_timeout = float(request_timeout)
         self.max_retries = max_retries
         self.retry_backoff = float(retry_backoff)
