@@ -97,5 +97,18 @@ class SlowToolEnv(PhoneEnv):
         return "waited"
 
 
+class BadToolEnv(PhoneEnv):
+    """A tool without type hints: refused when the env is made."""
+
+    @tool
+    def lookup(self, name):  # noqa: ANN001
+        """Look a name up.
+
+        Args:
+            name: Who.
+        """
+        return name
+
+
 gym.register(id="ToolPhone-v0", entry_point=PhoneEnv)
 gym.register(id="ToolSlow-v0", entry_point=SlowToolEnv)

@@ -320,10 +320,14 @@ def make_text_env(env_id: str, **kwargs: Any) -> gym.Env:
     Works for the built-in ids (after ``import entrogym``) and for any env a user registered
     with ``gymnasium.register``, subclass of :class:`TextEnv` or not. As in ``gymnasium.make``,
     ``"my_package.envs:MyEnv-v0"`` imports ``my_package.envs`` (where the user registers the
-    env) first, which is how a command line names a user's env.
+    env) first, which is how a command line names a user's env; ``"my_package.envs:MyEnv"``
+    may also name an env class, a text env's or one written for TRL's ``environment_factory``
+    (:func:`entrogym.envs.resolve.resolve_env_id`).
     """
+    from entrogym.envs.resolve import resolve_env_id
+
     try:
-        env = gym.make(env_id, **kwargs)
+        env = gym.make(resolve_env_id(env_id), **kwargs)
     except (gym.error.Error, ModuleNotFoundError) as e:
         raise ValueError(f"cannot make env {env_id!r}: {e}") from e
     if not is_text_env(env):
