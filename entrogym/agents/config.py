@@ -21,6 +21,8 @@ from entrogym.agents.engines import (
 from entrogym.dtypes import ENGINE_DTYPE_NAMES, EngineDTypeName
 
 TURN_BUDGET_RULES = ("truncate", "step")
+FeedbackRole = Literal["user", "tool"]
+ToolFormatName = Literal["template", "json", "call"]
 
 
 @dataclass
@@ -55,7 +57,19 @@ class AgentConfig:
             ``max_context_tokens`` (``entrogym.agents.engines.hf.hf_max_num_seqs``), and for
             the vLLM engines the rollout batch (tasks x samples).
         max_response_tokens: per-turn generation budget (paper: 4096 for AIME).
+        max_turn_tokens: the per-turn token budget under its multi-turn name: when given, it
+            sets max_response_tokens.
         max_context_tokens: whole-episode context limit (paper: 32K for AppWorld).
+        max_turns: actions per episode (None = the env's own limit): the rollout ends an
+            episode after this many turns, graded as the env grades a cut episode, and an env
+            whose constructor takes ``max_turns`` gets it too, so its own limit follows.
+        feedback_role: the chat role of the env's answers: ``user`` or ``tool`` (None = ``tool``
+            for envs with tools, ``user`` for the others).
+        tool_format: how an env's tools are shown to the model and its calls read:
+            ``template`` (the chat template renders tools; Hermes ``<tool_call>`` blocks),
+            ``json`` (the same blocks, tools listed in the system message) or ``call`` (one
+            line per call, ``tool(arg="value")``). None = ``template`` where the chat template
+            renders tools, else ``call`` (docs/envs.md).
         on_turn_budget: a turn that hits ``max_response_tokens``: ``truncate`` ends the episode
             as a failure (the paper's rule), ``step`` hands the cut text to the env and goes on.
         temperature: sampling temperature of rollouts.
@@ -79,7 +93,11 @@ class AgentConfig:
     max_loras: int | None = None
     max_num_seqs: int | None = None
     max_response_tokens: int = 256
+    max_turn_tokens: int | None = None
     max_context_tokens: int = 4096
+    max_turns: int | None = None
+    feedback_role: FeedbackRole | None = None
+    tool_format: ToolFormatName | None = None
     on_turn_budget: Literal["truncate", "step"] = "truncate"
     temperature: float = 1.0
     system_prompt: str | None = None
@@ -123,6 +141,20 @@ class AgentConfig:
             raise ValueError(f"max_loras must be >= 1 or None, got {self.max_loras}")
         if self.max_num_seqs is not None and self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1 or None, got {self.max_num_seqs}")
+        if self.max_turn_tokens is not None:
+            if self.max_turn_tokens < 1:
+                raise ValueError(f"max_turn_tokens must be >= 1, got {self.max_turn_tokens}")
+            self.max_response_tokens = self.max_turn_tokens
+        if self.max_turns is not None and (isinstance(self.max_turns, bool) or self.max_turns < 1):
+            raise ValueError(
+                f"max_turns (--max-turns) must be >= 1 (actions per episode), got {self.max_turns}"
+            )
+        if self.feedback_role not in ("user", "tool", None):
+            raise ValueError(f"feedback_role must be user or tool, got {self.feedback_role!r}")
+        if self.tool_format not in ("template", "json", "call", None):
+            raise ValueError(
+                f"tool_format must be template, json or call, got {self.tool_format!r}"
+            )
         for name in ("max_response_tokens", "max_context_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -181,11 +213,34 @@ class AgentConfig:
         return kwargs
 
     def agent_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of ``LLMAgent.from_model(self.model, **...)``."""
+        """Keyword arguments of ``LLMAgent.from_model(self.model, **...)``: the turn options
+        (budget, turns, roles, tool format) are read here, for every command."""
         return {
             "system_prompt": self.system_prompt,
             "max_turn_tokens": self.max_response_tokens,
             "max_context": self.max_context_tokens,
             "on_turn_budget": self.on_turn_budget,
             "chat_template": self.chat_template,
+            "max_turns": self.max_turns,
+            "feedback_role": self.feedback_role,
+            "tool_format": self.tool_format,
         }
+
+    def env_kwargs_for(self, env_id: str, env_kwargs: dict[str, Any]) -> dict[str, Any]:
+        """``env_kwargs`` with ``max_turns`` added when it is set and the env's constructor takes
+        it (its own limit then follows the option); the same keyword given two different ways
+        is a ValueError."""
+        kwargs = dict(env_kwargs)
+        if self.max_turns is None:
+            return kwargs
+        from entrogym.envs.resolve import env_takes_keyword
+
+        if not env_takes_keyword(env_id, "max_turns"):
+            return kwargs
+        if "max_turns" in kwargs and kwargs["max_turns"] != self.max_turns:
+            raise ValueError(
+                f"env keyword 'max_turns' given twice: --max-turns {self.max_turns} and "
+                f"--env-kwargs max_turns={kwargs['max_turns']!r}; pass it once"
+            )
+        kwargs["max_turns"] = self.max_turns
+        return kwargs

@@ -33,11 +33,12 @@ from entrogym.train.evaluation.evaluate import (
     run_evaluation,
 )
 from entrogym.train.folder.adapter_check import verify_adapter
+from entrogym.train.folder.layout import TOOL_ERRORS_FILE
 from entrogym.train.folder.turn_metrics import turns_text
 
 PROG = "entrogym eval"
 # options that are shortcuts for one env keyword argument each (kept from earlier versions)
-ENV_KWARG_SHORTCUTS = ("split", "max_turns", "appworld_root")
+ENV_KWARG_SHORTCUTS = ("split", "appworld_root")
 
 
 @dataclass
@@ -57,8 +58,6 @@ class EvalConfig(AgentConfig):
         out: folder for eval.json (None = print only).
         seed: seed of the rollouts.
         appworld_root: shortcut for the env keyword ``appworld_root`` (an env's data root).
-        max_turns: shortcut for the env keyword ``max_turns`` (actions per episode of a
-            multi-turn env; None = the env's evaluation default).
         report_options: keyword options for the env's evaluation_report hook (see its docs).
         json: print the summary as JSON.
         max_env_error_fraction: share of the episodes that may fail on env errors; past it the
@@ -79,7 +78,6 @@ class EvalConfig(AgentConfig):
     out: str | None = None
     seed: int = 0
     appworld_root: str | None = None
-    max_turns: int | None = None
     report_options: dict[str, Any] = field(default_factory=dict)
     json: bool = False
     max_response_tokens: int = 1024
@@ -104,14 +102,13 @@ class EvalConfig(AgentConfig):
             raise ValueError(
                 f"max_env_error_fraction must be in [0, 1], got {self.max_env_error_fraction}"
             )
-        for name in ("max_tasks", "max_turns"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name} (--{name.replace('_', '-')}) must be >= 1, got {value}")
+        if self.max_tasks is not None and self.max_tasks < 1:
+            raise ValueError(f"max_tasks (--max-tasks) must be >= 1, got {self.max_tasks}")
 
     def user_env_kwargs(self) -> dict[str, Any]:
-        """``env_kwargs`` plus the shortcut options that were given; one keyword given two
-        different ways is a ValueError."""
+        """``env_kwargs`` plus the shortcut options that were given, and ``max_turns`` for an
+        env that takes it (:meth:`AgentConfig.env_kwargs_for`); one keyword given two different
+        ways is a ValueError."""
         kwargs = dict(self.env_kwargs)
         for name in ENV_KWARG_SHORTCUTS:
             value = getattr(self, name)
@@ -123,7 +120,7 @@ class EvalConfig(AgentConfig):
                     f"and --env-kwargs {name}={kwargs[name]!r}; pass it once"
                 )
             kwargs[name] = value
-        return kwargs
+        return self.env_kwargs_for(self.env, kwargs)
 
 
 def build_parser() -> Any:
@@ -156,9 +153,7 @@ def prepare(cfg: EvalConfig) -> EvalPlan:
     except ValueError as exc:
         if "does not take the env keywords" not in str(exc):
             raise
-        raise ValueError(
-            f"{exc}; --split, --max-turns and --appworld-root are env keywords too"
-        ) from exc
+        raise ValueError(f"{exc}; --split and --appworld-root are env keywords too") from exc
     if cfg.report_options and REPORT_HOOK not in plan.hooks:
         raise ValueError(f"report_options: env {cfg.env!r} has no {REPORT_HOOK} hook to take them")
     if cfg.adapter is not None:
@@ -182,6 +177,7 @@ def run_eval(cfg: EvalConfig, plan: EvalPlan) -> tuple[dict[str, Any], dict[str,
             temperature=cfg.temperature, seed=cfg.seed, out_dir=cfg.out,
             report_options=cfg.report_options, pass_at=cfg.pass_at,
             turn_rewards=cfg.turn_rewards,
+            tool_error_log=None if cfg.out is None else Path(cfg.out) / TOOL_ERRORS_FILE,
         )  # fmt: skip
     finally:
         engine.close()

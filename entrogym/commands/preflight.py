@@ -20,16 +20,22 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def check_env_id(env_id: str, option: str = "env") -> None:
-    """``env_id`` is registered (``module:id`` imports ``module`` first, as gymnasium.make does)."""
+    """``env_id`` is registered (``module:id`` imports ``module`` first, as gymnasium.make does)
+    or, as ``module:Class``, names a text env class or a TRL-style env class."""
     import gymnasium as gym
 
     import entrogym  # noqa: F401  (registers the built-in ids)
     from entrogym.algos.plugins import import_plugin
     from entrogym.envs import BUILTIN_ENV_IDS
+    from entrogym.envs.resolve import resolve_env_id
 
     module, _, name = env_id.rpartition(":")
     if module:
         import_plugin(module, f"{option} {env_id!r}")
+        try:
+            name = resolve_env_id(env_id).rpartition(":")[2]  # an env class is registered
+        except ValueError as exc:
+            raise ValueError(f"{option}: {exc}") from None
     try:
         gym.spec(name)
     except gym.error.Error as exc:
@@ -180,8 +186,9 @@ def check_writable_dir(path: str | os.PathLike, option: str) -> None:
 
 def check_model_fits(config: Any, lora_targets: list[str] | None = None) -> None:
     """What the model's own files say, checked before its weights load: ``max_context_tokens``
-    within its context length, a chat template (the tokenizer's or ``--chat-template``), and
-    every LoRA target module among its layers (a skeleton on the meta device: no weights).
+    within its context length, a chat template (the tokenizer's or ``--chat-template``),
+    every LoRA target module among its layers (a skeleton on the meta device: no weights), and
+    a template that renders tools for ``--tool-format template``.
     A hub id that is not on disk and a served model are not checked here."""
     from entrogym.models import BUILTIN_MODELS, model_limits, resolve_model
 
@@ -202,8 +209,14 @@ def check_model_fits(config: Any, lora_targets: list[str] | None = None) -> None
 
         from entrogym.agents.agent import no_chat_template_message
 
-        if not getattr(AutoTokenizer.from_pretrained(path), "chat_template", None):
+        template = getattr(AutoTokenizer.from_pretrained(path), "chat_template", None)
+        if not template:
             raise ValueError(no_chat_template_message(config.model))
+    else:
+        template = Path(config.chat_template).read_text()
+    from entrogym.agents.tool_format import resolve_tool_format
+
+    resolve_tool_format(config.tool_format, template)  # --tool-format template needs its support
     if lora_targets is not None:
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM
@@ -254,11 +267,12 @@ def check_run_inputs(config: Any) -> None:
     check_env_id(config.env, "env")
     if config.eval_env is not None:
         check_env_id(config.eval_env, "eval_env")
-    check_env_builds(config.env, config.env_kwargs, "env", split=config.split, split_option="split")
+    env_kwargs = config.env_kwargs_for(config.env, config.env_kwargs)
+    check_env_builds(config.env, env_kwargs, "env", split=config.split, split_option="split")
     if config.eval_env is not None:
         check_env_builds(
             config.eval_env,
-            config.eval_env_kwargs,
+            config.env_kwargs_for(config.eval_env, config.eval_env_kwargs),
             "eval_env",
             split=config.eval_split,
             split_option="eval_split" if config.eval_every else None,

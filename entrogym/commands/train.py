@@ -23,8 +23,9 @@ OPTION_GROUPS: dict[str, tuple[str, ...]] = {
         "early_stop_fraction", "max_env_error_fraction", "env_workers", "env_timeout",
         "env_max_memory_mb", "model", "engine", "engine_urls", "engine_dtype", "engine_decode",
         "request_timeout", "max_lora_rank", "max_loras", "max_num_seqs", "max_response_tokens",
-        "max_context_tokens", "on_turn_budget", "temperature", "system_prompt", "chat_template",
-        "turn_rewards", "max_staleness",
+        "max_turn_tokens", "max_context_tokens", "max_turns", "feedback_role", "tool_format",
+        "on_turn_budget", "temperature", "system_prompt", "chat_template", "turn_rewards",
+        "max_staleness",
     ),
     "learner: the LoRA policy, its scoring and its optimizer": (
         "dtype", "lr", "weight_decay", "max_grad_norm", "micro_batch_size",

@@ -161,13 +161,15 @@ def test_eval_takes_appworlds_rules_from_its_hooks() -> None:
     arith = _prepare(["--env", "entrogym/Arithmetic-v0"])
     assert arith.on_turn_budget == "truncate" and arith.hooks == frozenset()
     assert arith.env_kwargs == {}
+    # a single-turn env takes no max_turns keyword: --max-turns only caps the agent's turns
+    assert _prepare(["--env", "entrogym/Arithmetic-v0", "--max-turns", "3"]).env_kwargs == {}
 
 
 def test_eval_env_keyword_shortcuts_bad_input_exits_2(capsys) -> None:
     argv = ["--env", "entrogym/Arithmetic-v0", *TINY]
-    assert cli([*argv, "--max-turns", "3"]) == 2  # a single-turn env takes no max_turns
+    assert cli([*argv, "--max-turns", "0"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "max_turns" in err and "--max-turns" in err
+    assert err.count("\n") == 1 and "max_turns (--max-turns) must be >= 1" in err
     assert cli([*argv, "--report-options", '{"x": 1}']) == 2
     assert "no evaluation_report hook" in capsys.readouterr().err
     assert cli([*argv, "--split", "test", "--env-kwargs", '{"split": "train"}']) == 2

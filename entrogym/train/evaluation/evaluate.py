@@ -288,11 +288,13 @@ def run_evaluation(
     env_timeout: float | None = None,
     pass_at: Sequence[int] = (),
     turn_rewards: bool = False,
+    tool_error_log: str | Path | None = None,
 ) -> EvalResult:
     """Roll out ``samples`` episodes of every task of ``plan`` with ``adapter`` and score them.
     ``env_workers`` / ``env_timeout``: where the envs run (``collect_rollouts``). ``pass_at``:
     ks to report pass@k at besides those of :func:`pass_at_ks` (each in 1..samples).
     ``turn_rewards``: the envs may pay per-turn rewards (``collect_rollouts``).
+    ``tool_error_log``: the file the tracebacks of tools that raised are appended to.
 
     Episode ``i`` is reset with ``seed + i``, and sampling is seeded with ``seed`` where the
     engine allows (``Engine.seeded``: the hf engine), so the result does not depend on what
@@ -320,6 +322,7 @@ def run_evaluation(
             env_timeout=env_timeout,
             on_progress=on_progress,
             turn_rewards=turn_rewards,
+            tool_error_log=tool_error_log,
         )
     episodes = list(episodes)
     summary = {"split": plan.split, "tasks": len(plan.tasks), "samples": samples,

@@ -22,13 +22,14 @@ MARKER_FILE = "entrogym-run.json"
 LOCK_FILE = ".lock"
 CONFIG_FILE = "config.yaml"
 HISTORY_FILE = "config_history.jsonl"
+TOOL_ERRORS_FILE = "tool_errors.jsonl"  # tracebacks of the env tools that raised
 ADAPTERS_DIR = "adapters"
 # What a run that got going writes; a fresh run refuses a folder holding any of them (it would
 # mix two runs). The marker and lock alone (a start that failed during setup) do not count.
 RUN_FILES = (CONFIG_FILE, METRICS_FILE, CHECKPOINTS_DIR, ADAPTERS_DIR, TB_DIR)
 # What each entry of a run must be when it exists: opening a folder as a file (or the other
 # way round) fails deep inside a writer, after the model has loaded.
-_FILES = (MARKER_FILE, LOCK_FILE, CONFIG_FILE, HISTORY_FILE, METRICS_FILE)
+_FILES = (MARKER_FILE, LOCK_FILE, CONFIG_FILE, HISTORY_FILE, METRICS_FILE, TOOL_ERRORS_FILE)
 _FOLDERS = (CHECKPOINTS_DIR, ADAPTERS_DIR, TB_DIR)
 
 

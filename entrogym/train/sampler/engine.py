@@ -35,6 +35,7 @@ from entrogym.train.batch import collate_episodes, success_rate, usable_episodes
 from entrogym.train.config import TrainConfig
 from entrogym.train.devices import distributed
 from entrogym.train.evaluation.evaluate import EvalPlan, plan_evaluation, run_evaluation
+from entrogym.train.folder.layout import TOOL_ERRORS_FILE
 from entrogym.train.folder.rng import iteration_seed
 from entrogym.train.folder.safety import adapter_folder, prune_adapters, write_error
 from entrogym.train.folder.turn_metrics import episode_turn_metrics
@@ -101,6 +102,8 @@ class Sampler:
         self.env_workers = shared_env_workers(cfg.env_limits()) if cfg.env_workers else 0
         self._engine_lock = threading.Lock()  # rollouts (maybe a thread) and eval take turns
         self._pipeline: RolloutPipeline | None = None  # the training loop's, once it runs
+        # the env kwargs of the rollouts: --max-turns reaches an env that takes it
+        self.env_kwargs = cfg.env_kwargs_for(cfg.env, cfg.env_kwargs)
         self.tasks = _task_ids(cfg)  # a split smaller than tasks_per_iter is a config error
         self.eval_plan = _plan_evaluation(cfg)  # so is a bad eval split or eval env
         self.adapter: Path | None = None  # the current weights' adapter folder (engine input)
@@ -116,14 +119,7 @@ class Sampler:
         on rank 0, the engine (engines may seed torch: before a resume restores the RNGs)."""
         cfg = self.cfg
         self.policy = policy
-        self.agent = LLMAgent.from_model(
-            cfg.model,
-            system_prompt=cfg.system_prompt,
-            max_turn_tokens=cfg.max_response_tokens,
-            max_context=cfg.max_context_tokens,
-            on_turn_budget=cfg.on_turn_budget,
-            chat_template=cfg.chat_template,
-        )
+        self.agent = LLMAgent.from_model(cfg.model, **cfg.agent_kwargs())
         self.pad_id = self.agent.tokenizer.pad_token_id or 0
         if cfg.max_staleness:  # the versions a stale batch may come from
             self.versions = WeightVersions(policy, keep=self.budget.versions)
@@ -342,7 +338,7 @@ class Sampler:
                 adapter=str(adapter or adapter_folder(self.run_dir, version)),
                 min_done_per_task=cfg.early_stop_min_per_task,
                 min_done_fraction=cfg.early_stop_fraction,
-                env_kwargs=cfg.env_kwargs,
+                env_kwargs=self.env_kwargs,
                 # one env seed per episode: the iteration's episodes, counted from the run's start
                 seed=iteration_seed(cfg.seed, it * cfg.tasks_per_iter * cfg.samples),
                 env_workers=self.env_workers,
@@ -351,6 +347,7 @@ class Sampler:
                 should_stop=None if self.ranks.distributed else self._should_stop,
                 on_progress=on_progress,
                 turn_rewards=cfg.turn_rewards,
+                tool_error_log=self.run_dir / TOOL_ERRORS_FILE,
             )
         # An env that raises or breaks its contract fails its episode (logged once per message);
         # past the allowed share the run stops, naming the first failure.
@@ -412,7 +409,8 @@ class Sampler:
                                         adapter=str(self.adapter), temperature=cfg.temperature,
                                         seed=cfg.seed, env_workers=self.env_workers,
                                         env_timeout=cfg.env_timeout,
-                                        turn_rewards=cfg.turn_rewards)  # fmt: skip
+                                        turn_rewards=cfg.turn_rewards,
+                                        tool_error_log=self.run_dir / TOOL_ERRORS_FILE)  # fmt: skip
             return {"kind": "eval", "iteration": it, "env": cfg.eval_env, **result.summary}
 
         return distributed.on_main(run, self.ranks)
@@ -427,7 +425,7 @@ class Sampler:
 def _task_ids(cfg: TrainConfig) -> list[str]:
     if cfg.env_workers:
         check_portable(cfg.env)  # before any model loads
-    env = make_text_env(cfg.env, **cfg.env_kwargs)
+    env = make_text_env(cfg.env, **cfg.env_kwargs_for(cfg.env, cfg.env_kwargs))
     tasks = task_ids_of(env, cfg.split)
     env.close()
     if not tasks:
@@ -451,6 +449,7 @@ def _plan_evaluation(cfg: TrainConfig) -> EvalPlan | None:
     if not (cfg.eval_env and cfg.eval_every):
         return None
     # the eval env's own turn-budget rule if it declares one, else the run's
-    return plan_evaluation(cfg.eval_env, cfg.eval_env_kwargs, split=cfg.eval_split,
+    kwargs = cfg.env_kwargs_for(cfg.eval_env, cfg.eval_env_kwargs)
+    return plan_evaluation(cfg.eval_env, kwargs, split=cfg.eval_split,
                            max_tasks=cfg.eval_tasks, samples=cfg.eval_samples,
                            default_rule=cfg.on_turn_budget)  # fmt: skip
