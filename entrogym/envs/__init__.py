@@ -27,20 +27,28 @@ from entrogym.envs.base import TextEnv, Turn, is_text_env, make_text_env, task_i
 from entrogym.envs.checker import TextEnvCheckError, check_text_env
 from entrogym.envs.contract import DEFAULT_REWARD_RANGE, EnvContractError, TextEnvProtocol
 from entrogym.envs.spaces import UnicodeText
+from entrogym.envs.tool_env import ToolEnv
+from entrogym.envs.tools import AgentMessage, ToolCall, ToolDefinitionError, tool, tool_schema
 
 __all__ = [
+    "AgentMessage",
     "BUILTIN_ENV_IDS",
     "DEFAULT_REWARD_RANGE",
     "EnvContractError",
     "TextEnv",
     "TextEnvCheckError",
     "TextEnvProtocol",
+    "ToolCall",
+    "ToolDefinitionError",
+    "ToolEnv",
     "Turn",
     "UnicodeText",
     "check_text_env",
     "is_text_env",
     "make_text_env",
     "task_ids_of",
+    "tool",
+    "tool_schema",
 ]
 
 _MATH = "entrogym.envs.math_env:MathEnv"
