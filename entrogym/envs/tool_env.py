@@ -27,6 +27,7 @@ import inspect
 import json
 import traceback
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from entrogym.envs.base import TextEnv, Turn
@@ -175,8 +176,7 @@ class ToolEnv(TextEnv):
         observation = "\n\n".join(results)
         if self._end_requested:
             end = self._grade()
-            return Turn(observation, True, end.reward, end.success, end.reward_parts,
-                        {**end.info, **info})  # fmt: skip
+            return replace(end, observation=observation, done=True, info={**end.info, **info})
         return Turn(observation, info=info)
 
     def _run(self, call: ToolCall) -> tuple[str, bool, dict[str, str] | None]:

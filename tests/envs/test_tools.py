@@ -255,3 +255,17 @@ def test_grading_must_be_provided():
     env.reset(options={"task_id": "t"})
     with pytest.raises(NotImplementedError):
         env.step("done")
+
+
+def test_a_tool_that_ends_the_episode_keeps_every_field_of_the_grade():
+    class PaysForFinishing(PhoneEnv):
+        def _grade(self):
+            graded = super()._grade()
+            graded.turn_reward, graded.info = 0.25, {"graded": True}
+            return graded
+
+    env = PaysForFinishing()
+    env.reset(options={"task_id": "ann"})
+    obs, reward, done, _, info = step(env, ToolCall("complete_task", {}))
+    assert done and obs == "ok" and reward == 0.25 and info["graded"] is True
+    assert info["tool_calls"] == 1
