@@ -45,6 +45,7 @@ mean of the same scores' exact entropies over that minibatch's action tokens.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 
@@ -57,6 +58,7 @@ from entrogym.algos.entropy import importance_weighted_entropy, sampled_entropy
 from entrogym.algos.entropy_control import EntropyControl
 from entrogym.algos.lever_hooks import LeverInputs
 from entrogym.algos.losses import LOSSES, TokenObjective, aggregate
+from entrogym.algos.step_guard import StepGuard, blame_nonfinite
 from entrogym.algos.update_batch import (
     Rows,
     UpdateBatch,
@@ -140,10 +142,25 @@ def micro_batch_loss(
     entropies: torch.Tensor | None,
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
-    """The algorithm's loss on one micro-batch: the lever's advantages -> the policy loss's
-    per-token objective (x the sampler-mismatch weights, with ``algo.is_correction``) -> the
-    lever's adjustment -> the token mask -> aggregation (+ the lever's extra term). Also
-    returns the mask of the tokens the loss trains on.
+    """The algorithm's loss on one micro-batch: the sum of :func:`loss_terms`. Also returns
+    the metrics and the mask of the tokens the loss trains on."""
+    terms, metrics, trained = loss_terms(control, rows, logprobs, entropies, generator)
+    policy, *extra = terms.values()
+    return (policy + extra[0] if extra else policy), metrics, trained
+
+
+def loss_terms(
+    control: EntropyControl,
+    rows: Rows,
+    logprobs: torch.Tensor,
+    entropies: torch.Tensor | None,
+    generator: torch.Generator | None = None,
+) -> tuple[dict[str, torch.Tensor], dict[str, float], torch.Tensor]:
+    """The terms of the algorithm's loss on one micro-batch, by a name an error can show: the
+    policy loss (the lever's advantages -> the policy loss's per-token objective (x the
+    sampler-mismatch weights, with ``algo.is_correction``) -> the lever's adjustment -> the
+    token mask -> aggregation) and the lever's extra term where it has one. Also returns the
+    metrics and the mask of the tokens the loss trains on.
 
     The importance weights scale the policy-gradient term only, as TRL's do: what an entropy
     lever adds to the objective (KL-Cov's penalty, the entropic term) or to the loss (the
@@ -169,7 +186,11 @@ def micro_batch_loss(
     extra = lever.extra_loss(
         logprobs, entropies, trained, coef, advantages=advantages, target=control.lever_target
     )
-    return (loss if extra is None else loss + extra), {**terms.metrics, **metrics}, trained
+    shaped = "" if config.lever.name == "none" else f", lever {config.lever.name!r}"
+    parts = {f"the policy loss (loss {config.loss.name!r}{shaped})": loss}
+    if extra is not None:
+        parts[f"the extra_loss of lever {config.lever.name!r}"] = extra
+    return parts, {**terms.metrics, **metrics}, trained
 
 
 def _sampler_corrected(
@@ -298,6 +319,7 @@ def policy_update(
     version: int | None = None,
     micro_batch_tokens: int | None = None,
     on_step: Callable[[], None] | None = None,
+    guard: StepGuard | None = None,
 ) -> dict[str, float | None]:
     """Run ``control.config``'s epochs x minibatches on one iteration's experience.
 
@@ -313,7 +335,9 @@ def policy_update(
     ``entropy_exact``, the same policy's mean exact token entropy at the same tokens, instead
     (``entropy_tracked`` in the metrics). ``on_step`` is called after every minibatch's
     optimizer step, taken or skipped (``optimizer_steps`` of them: a progress bar's count).
-    Returns the iteration's metrics.
+    ``guard`` counts the skipped steps in a row and stops the run, naming the loss term at
+    fault, when there are too many (``entrogym.algos.step_guard``). Returns the iteration's
+    metrics.
     """
     config = control.config
     stale = version is not None and batch.versions is not None
@@ -383,7 +407,14 @@ def policy_update(
                 tracked = _tracked(control, entropy, tally, exact_tokens)
             if math.isfinite(tracked):
                 control.reference(tracked)  # the target, before the first step's feedback
-            tally.count_step(step() if finite else False)
+            stepped = step() if finite else False
+            tally.count_step(stepped)
+            if guard is not None:
+                blame = functools.partial(
+                    _blame, control, batch, minibatch, score, zero_grad, guard,
+                    micro_batch_size, micro_batch_tokens,
+                )  # fmt: skip
+                guard.record(stepped, blame, from_gradients=finite)
             step_entropy = tally.pop_step_entropy()
             if finite and step_entropy is not None:
                 control.observe_step(step_entropy)  # TRL's: the step's entropy, every step
@@ -406,6 +437,31 @@ def policy_update(
     control.observe(tracked)
     out.update(control.target_metrics(tracked))
     return out
+
+
+def _blame(
+    control: EntropyControl,
+    batch: UpdateBatch,
+    minibatch: torch.Tensor,
+    score: ScoreFn,
+    zero_grad: ZeroGradFn,
+    guard: StepGuard,
+    micro_batch_size: int | None,
+    micro_batch_tokens: int | None,
+) -> str:
+    """The part of ``minibatch``'s loss that is not finite (:func:`blame_nonfinite`)."""
+
+    def terms_of(index, logprobs, entropies):
+        return loss_terms(control, batch.rows(index), logprobs, entropies)[0]
+
+    return blame_nonfinite(
+        list(batch.micro_batches(minibatch, micro_batch_size, micro_batch_tokens)),
+        score,
+        control.loss_needs_entropy,
+        terms_of,
+        zero_grad,
+        guard.gradients_finite,
+    )
 
 
 def optimizer_steps(config: AlgorithmConfig, rows: int) -> int:

@@ -16,7 +16,7 @@ PROG = "entrogym train"
 OPTION_GROUPS: dict[str, tuple[str, ...]] = {
     "run: the run folder, resume, checkpoints, trackers, seeds and stopping": (
         "out", "resume", "init_adapter", "iterations", "checkpoint_every", "seed",
-        "report_to", "max_bad_steps", "shutdown_grace",
+        "report_to", "max_bad_steps", "max_bad_steps_in_row", "shutdown_grace",
     ),
     "rollout: the task, the env, the model that samples and how (shared with eval and the demo)": (
         "env", "env_kwargs", "split", "tasks_per_iter", "samples", "early_stop_min_per_task",

@@ -27,6 +27,7 @@ from entrogym.agents.env_workers import (
 from entrogym.algos import LEVERS, AlgorithmConfig, algorithm_mapping, get_algorithm
 from entrogym.algos.aepo import Aepo
 from entrogym.algos.algorithm import target_params
+from entrogym.algos.step_guard import DEFAULT_MAX_BAD_STEPS_IN_ROW
 from entrogym.dtypes import DTypeName
 from entrogym.models import LORA_TARGETS
 from entrogym.train.folder.trackers import NO_TRACKER, parse_report_to
@@ -148,6 +149,9 @@ class TrainConfig(AgentConfig):
         resume: continue the run in ``out`` from its latest complete checkpoint.
         init_adapter: start from this adapter / checkpoint / run folder (sequential training).
         max_bad_steps: stop after this many skipped (NaN/inf) optimizer steps in total.
+        max_bad_steps_in_row: stop, naming the loss term at fault, after this many optimizer
+            steps in a row skipped for NaN/inf scores, losses or gradients (0 = never; fp16's
+            loss-scale overflows while its scale is above 1 do not count).
         seed: seeds task sampling, rollouts and minibatch order (0 to 2**32 - 1).
         shutdown_grace: seconds a run stopped by SIGTERM or Ctrl-C has to finish or abandon
             its iteration and write a checkpoint before it exits anyway.
@@ -198,6 +202,7 @@ class TrainConfig(AgentConfig):
     resume: bool = False
     init_adapter: str | None = None
     max_bad_steps: int = 10
+    max_bad_steps_in_row: int = DEFAULT_MAX_BAD_STEPS_IN_ROW
     seed: int = 0
     shutdown_grace: float = 30.0
 
@@ -240,8 +245,9 @@ class TrainConfig(AgentConfig):
             raise ValueError(f"max_grad_norm must be > 0, got {self.max_grad_norm}")
         if isinstance(self.seed, bool) or not 0 <= self.seed <= MAX_SEED:
             raise ValueError(f"seed must be an integer in [0, {MAX_SEED}], got {self.seed}")
-        if self.max_bad_steps < 0:
-            raise ValueError(f"max_bad_steps must be >= 0, got {self.max_bad_steps}")
+        for name in ("max_bad_steps", "max_bad_steps_in_row"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not self.shutdown_grace >= 0:
             raise ValueError(f"shutdown_grace must be >= 0 seconds, got {self.shutdown_grace}")
         check_env_limits(self.env_workers, self.env_timeout, self.env_max_memory_mb)

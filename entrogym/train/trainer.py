@@ -29,6 +29,7 @@ import torch
 from entrogym.agents.engines import Engine
 from entrogym.agents.rollout import EnvErrorBudgetExceeded, RolloutsInterrupted
 from entrogym.algos import EntropyControl, UpdateBatch
+from entrogym.algos.step_guard import NonFiniteSteps
 from entrogym.train.config import TrainConfig
 from entrogym.train.devices import distributed
 from entrogym.train.extra_samples import (
@@ -37,6 +38,7 @@ from entrogym.train.extra_samples import (
     probe_target,
     states_to_dict,
 )
+from entrogym.train.folder.adapter_files import NonFiniteWeights
 from entrogym.train.folder.checkpoint import read_training_state, rng_state, set_rng_state
 from entrogym.train.folder.metrics import summary_line
 from entrogym.train.folder.safety import NothingToDo, RunFileError
@@ -318,7 +320,7 @@ def _seed_everything(seed: int) -> None:
 
 
 # What ends a run early with a one-line message (exit code 1 from the command).
-STOPS = (TrainingStopped, EnvErrorBudgetExceeded, RunFileError)
+STOPS = (TrainingStopped, EnvErrorBudgetExceeded, RunFileError, NonFiniteSteps, NonFiniteWeights)
 
 
 def train(cfg: TrainConfig, shutdown: ShutdownRequest | None = None) -> Path:

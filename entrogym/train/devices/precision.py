@@ -144,6 +144,11 @@ class LossScaler:
         optimizer.step()
         return True
 
+    def mark_overflow(self) -> None:
+        """Count this step as an overflow (a caller found its gradients non-finite): an
+        enabled scaler backs off in :meth:`update` (a disabled one has nothing to adapt)."""
+        self._found_inf = self.enabled
+
     def update(self) -> None:
         """Back off after an overflow, grow after ``growth_interval`` clean steps."""
         if not self.enabled:

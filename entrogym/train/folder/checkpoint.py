@@ -33,6 +33,7 @@ import torch
 
 from entrogym.atomic import atomic_write_text, fsync_dir, swap_in_folder
 from entrogym.train.devices import distributed
+from entrogym.train.folder.adapter_files import finite_adapter_weights
 from entrogym.train.folder.checkpoint_verify import (
     ADAPTER_DIR,
     CHECKPOINTS_DIR,
@@ -213,6 +214,7 @@ def save_checkpoint(
     (``entrogym.train.learner.versions``), by version.
     """
     _check_save_args(keep, state)
+    finite_adapter_weights(model, weights, f"checkpoint {checkpoint_name(iteration)}")
     rng = rng or rng_state()  # before anything below could draw random numbers
     ckpt_dir = Path(run_dir) / CHECKPOINTS_DIR
     ckpt_dir.mkdir(parents=True, exist_ok=True)

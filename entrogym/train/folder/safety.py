@@ -83,6 +83,7 @@ RESUMABLE_FIELDS = frozenset(
         "threads",
         "max_lora_rank",
         "max_bad_steps",
+        "max_bad_steps_in_row",
         "max_env_error_fraction",
         "micro_batch_size",
         "micro_batch_tokens",

@@ -21,6 +21,7 @@ from entrogym import onednn
 from entrogym.atomic import swap_in_folder
 from entrogym.models import LORA_TARGETS, resolve_model
 from entrogym.train.devices.precision import check_device_dtype, resolve_dtype
+from entrogym.train.folder.adapter_files import finite_adapter_weights
 
 
 @dataclass
@@ -165,10 +166,12 @@ def save_adapter(
     """Save the LoRA adapter in peft's format, atomically (temp folder, then rename).
 
     ``weights``: the adapter's whole tensors when the model is FSDP2-sharded (gathered by
-    ``entrogym.train.devices.distributed.gathered_adapter``); otherwise read from the model."""
+    ``entrogym.train.devices.distributed.gathered_adapter``); otherwise read from the model.
+    Weights that are not finite are not written (``NonFiniteWeights``)."""
     if not hasattr(model, "peft_config"):
         raise ValueError("save_adapter needs a peft model (load_policy with LoRA)")
     final = Path(path)
+    finite_adapter_weights(model, weights, f"adapter {final}")
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:

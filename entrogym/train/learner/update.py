@@ -10,6 +10,7 @@ the ranks and every rank scores its share of each micro-batch (``entrogym.train.
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ from entrogym.algos import (
     relative_entropy,
 )
 from entrogym.algos.aepo import TemperatureSamples
+from entrogym.algos.step_guard import StepGuard
 from entrogym.train.config import TrainConfig
 from entrogym.train.devices import distributed
 from entrogym.train.devices.precision import apply_threads, loss_scaler_for, resolve_dtype
@@ -61,6 +63,12 @@ class Learner:
             load_adapter_into(self.policy, cfg.init_adapter, base_model=cfg.model)
         self.logprob_opts = {"softmax_fix": cfg.softmax_fix}
         self.grad_norms: list[float] = []  # this update's pre-clip norms, filled by step()
+        self.overflow = False  # the last skipped step was fp16's loss-scale overflow
+        self.guard = StepGuard(
+            cfg.max_bad_steps_in_row,
+            gradients_finite=self.gradients_finite,
+            overflow_expected=lambda: self.overflow,
+        )
 
     def build_optimizer(self) -> None:
         """Shard the policy under torchrun, then build the optimizer on its parameters: after
@@ -98,6 +106,7 @@ class Learner:
                 version=it,
                 micro_batch_tokens=self.cfg.micro_batch_tokens,
                 on_step=bar.update,
+                guard=self.guard,
             )
         return {**metrics, "grad_norm": sum(self.grad_norms) / max(len(self.grad_norms), 1)}
 
@@ -150,19 +159,33 @@ class Learner:
 
     def step(self) -> bool:
         """Unscale (fp16), clip and take one optimizer step; False when it was skipped for
-        non-finite gradients. The update clears gradients before each minibatch."""
+        non-finite gradients, in every dtype (fp32 and bf16 have no loss scaler to notice
+        them): the pre-clip norm is finite exactly when every gradient is. The update clears
+        gradients before each minibatch."""
         with self.phases.time("optimizer"):
-            found_inf = self.scaler.unscale_(self.optimizer)
-            if not found_inf:
-                norm = torch.nn.utils.clip_grad_norm_(
-                    trainable_parameters(self.policy), self.cfg.max_grad_norm
+            norm = math.inf if self.scaler.unscale_(self.optimizer) else None
+            if norm is None:
+                norm = _value(
+                    torch.nn.utils.clip_grad_norm_(
+                        trainable_parameters(self.policy), self.cfg.max_grad_norm
+                    )
                 )
-                self.grad_norms.append(
-                    float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-                )
+            if not math.isfinite(norm):
+                # fp16 while the scale is above 1: an overflow the scaler answers itself
+                self.overflow = self.scaler.enabled and self.scaler.scale_value > 1
+                self.scaler.mark_overflow()  # backs the scale off in update()
+                self.scaler.update()
+                self.optimizer.zero_grad(set_to_none=True)
+                return False
+            self.grad_norms.append(norm)
             stepped = self.scaler.step(self.optimizer)
             self.scaler.update()
             return stepped
+
+    def gradients_finite(self) -> bool:
+        """Whether the gradients accumulated now are all finite (their norm is)."""
+        grads = [p.grad for p in trainable_parameters(self.policy) if p.grad is not None]
+        return not grads or math.isfinite(_value(torch.nn.utils.get_total_norm(grads)))
 
     # ----- scoring without gradients --------------------------------------------------------
 
@@ -248,3 +271,8 @@ class Learner:
             "weights": distributed.gathered_adapter(self.policy, self.ranks),
             "optimizer_state": distributed.optimizer_state(self.policy, self.optimizer, self.ranks),
         }
+
+
+def _value(norm: torch.Tensor) -> float:
+    """A gradient norm as a float (the whole one, for an FSDP2-sharded policy's DTensor)."""
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
