@@ -37,7 +37,7 @@ CHILD = (
 
 @pytest.fixture(scope="module")
 def built() -> Path:
-    """The kernel folder built on this machine (built now if it is not)."""
+    """The kernel folder built on this machine for this checkout (built now if it is not)."""
     assert decode_kernel.module() is not None, "the decode kernels must build here"
     return default_cache_dir() / "kernels" / f"decode_kernels-{decode_kernel.build_key()}"
 

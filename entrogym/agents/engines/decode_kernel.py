@@ -14,11 +14,14 @@ weight once per step (:func:`linear`, on CPUs with AVX-512). Each computes the f
 torch code it replaces (named in its docstring), which the tests hold it to.
 
 Building needs a C++ compiler and ``ninja`` (``torch.utils.cpp_extension``). The build lives in
-``$ENTROGYM_CACHE/kernels/`` under a name keyed by the sources, torch's version and this CPU's
-instruction sets (it is compiled with ``-march=native``), so a machine builds it once, in about
-a minute, and a changed source or CPU builds anew. ``ENTROGYM_DECODE_KERNEL=0`` turns it off.
+``$ENTROGYM_CACHE/kernels/`` under a name keyed by the sources (and their folder), torch's
+version and this CPU's instruction sets (it is compiled with ``-march=native``), so a machine
+builds it once, in about a minute, and a changed source or CPU builds anew.
+``ENTROGYM_DECODE_KERNEL=0`` turns it off.
 A build that fails is logged once and the decoder keeps torch's attention: the samples' math is
-the same, only slower.
+the same, only slower. The built ``.so`` is recorded with its size and sha256
+(``entrogym_kernel.json``) and verified before it is loaded: a damaged one (cut short by a full
+disk or a killed build, emptied, overwritten) is rebuilt once, in one line that says why.
 """
 
 from __future__ import annotations
@@ -27,15 +30,20 @@ import contextlib
 import fcntl
 import functools
 import hashlib
+import importlib.util
+import json
 import logging
 import os
 import platform
+import shlex
+import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from entrogym.atomic import atomic_write_text
 from entrogym.models import default_cache_dir
 
 log = logging.getLogger(__name__)
@@ -164,10 +172,12 @@ def _built() -> Any:
 
 
 def build_key() -> str:
-    """What the build depends on: the sources, torch's version, the flags and this CPU's
-    instruction sets (``-march=native``)."""
+    """What the build depends on: the sources and where they are (ninja's build file names
+    them by path: two installs sharing one folder would rebuild it for each other), torch's
+    version, the flags and this CPU's instruction sets (``-march=native``)."""
     digest = hashlib.sha256()
     for source in SOURCES:
+        digest.update(str(source.resolve()).encode())
         digest.update(source.read_bytes())
     digest.update(f"{torch.__version__}|{' '.join(FLAGS)}|{platform.machine()}".encode())
     digest.update(_cpu_flags().encode())
@@ -184,42 +194,138 @@ def _cpu_flags() -> str:
 
 @functools.cache
 def module() -> Any | None:
-    """The built kernel's module, built now if needed (once per process); None, logged once,
-    where it cannot be built."""
+    """The built kernel's module, built now if needed (once per process); None, logged in one
+    line, where it cannot be built. A built ``.so`` is loaded only once its size and sha256
+    match the record written when it was built (:func:`_problem`); a damaged one is rebuilt
+    once (a truncated one would crash the process with SIGBUS as it loads)."""
     if platform.system() != "Linux":
         return None
     key = build_key()
     folder = default_cache_dir() / "kernels" / f"decode_kernels-{key}"
+    damaged = None
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with _build_lock(folder):
-            return _load(folder, key)
-    except Exception as exc:  # a missing compiler, ninja or header: torch's ops instead
+            so = folder / f"{NAME_PREFIX}{key}.so"
+            damaged = _problem(so)
+            if damaged is None:
+                return _import(so)
+            if damaged != UNRECORDED:
+                why = f"the decode kernels in {folder} are damaged ({damaged})"
+                _compiler(f"{why} and cannot be rebuilt")
+                log.warning("entrogym: %s; rebuilding them once", why)
+            so.unlink(missing_ok=True)  # ninja builds what is missing
+            return _build(folder, key)
+    except KernelUnavailable as exc:
+        log.warning("entrogym: %s; %s", exc, FALLBACK)
+    except Exception as exc:  # a missing ninja or header, a failed build: torch's ops instead
         reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-        log.warning(
-            "entrogym: the decode kernels could not be built (%s); the static decoder "
-            "uses torch's ops (same samples' math, slower)",
-            reason[:300],
+        log.warning("entrogym: the decode kernels could not be built (%s); %s",
+                    reason[:300], FALLBACK)  # fmt: skip
+    return None
+
+
+NAME_PREFIX = "entrogym_decode_kernels_"
+RECORD = "entrogym_kernel.json"  # the built .so's name, size and sha256
+UNRECORDED = "not built, or built without a record"
+FALLBACK = "the static decoder uses torch's ops (same samples' math, slower)"
+WAIT_BEFORE_SAYING_S = 1.0  # a lock held longer than a load takes is another process's build
+
+
+class KernelUnavailable(RuntimeError):
+    """The kernels cannot be built here; the message says why, in the user's terms."""
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _problem(so: Path) -> str | None:
+    """Why ``so`` may not be loaded (None: it matches its record): missing, unrecorded, or
+    another size or sha256 than when it was built."""
+    try:
+        record = json.loads((so.parent / RECORD).read_text(encoding="utf-8"))
+        size, digest = int(record["size"]), str(record["sha256"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return UNRECORDED
+    if record.get("file") != so.name or not so.is_file():
+        return UNRECORDED if not so.exists() else f"{so.name} is not the file on record"
+    actual = so.stat().st_size
+    if actual != size:
+        return f"{so.name} has {actual} bytes, {size} when it was built"
+    if _sha256(so) != digest:
+        return f"{so.name} does not match its sha256 from when it was built"
+    return None
+
+
+def _record(so: Path) -> None:
+    """Write the size and sha256 of a freshly built ``so`` beside it."""
+    record = {"file": so.name, "size": so.stat().st_size, "sha256": _sha256(so)}
+    atomic_write_text(so.parent / RECORD, json.dumps(record, indent=2) + "\n")
+
+
+def _compiler(context: str = "the decode kernels could not be built") -> str:
+    """The C++ compiler torch's build would run (``CXX``, else ``c++``), or
+    :class:`KernelUnavailable` saying none was found, after ``context``."""
+    cxx = os.environ.get("CXX", "c++")
+    words = shlex.split(cxx) or ["c++"]
+    if shutil.which(words[0]) is None:
+        raise KernelUnavailable(
+            f"{context}: no C++ compiler found ({words[0]!r}; install g++ or set CXX)"
         )
-        return None
+    return cxx
+
+
+def _import(so: Path) -> Any:
+    """The verified extension module at ``so``, imported as torch's loader imports it."""
+    spec = importlib.util.spec_from_file_location(so.stem, so)
+    kernel = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kernel)
+    return kernel
 
 
 @contextlib.contextmanager
 def _build_lock(folder: Path):
     """One builder per machine at a time: an flock, which the system releases when its process
-    dies. torch's own lock file in the folder is then one a killed build left (torch would wait
-    for it forever), so it is removed."""
-    with open(folder / "entrogym.lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+    dies. A process that finds it held longer than a load takes says whom it waits for. torch's
+    own lock file in the folder is then one a killed build left (torch would wait for it
+    forever), so it is removed."""
+    with open(folder / "entrogym.lock", "a+") as handle:
+        deadline = time.monotonic() + WAIT_BEFORE_SAYING_S
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    continue
+                handle.seek(0)
+                holder = handle.read().strip() or "another process"
+                log.warning("entrogym: waiting for %s, which is building the decode kernels in %s",
+                            f"process {holder}" if holder.isdigit() else holder, folder)  # fmt: skip
+                fcntl.flock(handle, fcntl.LOCK_EX)
+                break
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
         (folder / "lock").unlink(missing_ok=True)
         yield
 
 
-def _load(folder: Path, key: str) -> Any:
+def _build(folder: Path, key: str) -> Any:
+    """Build the kernels in ``folder`` (torch's ``cpp_extension``: ninja rebuilds what is
+    missing or stale), record the ``.so`` and return its module."""
+    _compiler()
     from torch.utils.cpp_extension import load
 
-    name = f"entrogym_decode_kernels_{key}"
-    fresh = not any(folder.glob(f"{name}*.so"))
+    name = f"{NAME_PREFIX}{key}"
+    fresh = not any(folder.glob("*.o"))
     if fresh:  # a warning, so that the minute's pause is explained where nothing logs INFO
         log.warning(
             "entrogym: building the decode kernels once per machine in %s (about a minute)",
@@ -234,6 +340,7 @@ def _load(folder: Path, key: str) -> Any:
         build_directory=str(folder),
         verbose=False,
     )
+    _record(folder / f"{name}.so")
     if fresh:
         log.info("entrogym: decode kernels built in %.0f s", time.perf_counter() - start)
     return kernel
