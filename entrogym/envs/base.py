@@ -55,6 +55,9 @@ class TextEnv(gym.Env[str, str]):
     task) and :meth:`_respond` (the env's answer to one action). Optionally :meth:`_on_truncate`
     (the terminal reward when ``max_turns`` runs out) and :meth:`has_task`.
 
+    ``max_turns`` (class attribute or constructor argument, which wins; default 1): actions
+    per episode before it is truncated (:meth:`_on_truncate`).
+
     ``reward_range`` (class attribute or constructor argument; default ``(0.0, 1.0)``, the
     range of verifiable rewards) bounds the terminal reward: a reward outside it, or one that
     is not finite, is an :class:`~entrogym.envs.contract.EnvContractError` naming the task.
@@ -67,6 +70,7 @@ class TextEnv(gym.Env[str, str]):
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
     reset_option_keys: frozenset[str] = frozenset({"task_id", "split"})
     reward_range: tuple[float, float] = DEFAULT_REWARD_RANGE
+    max_turns: int = 1
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -83,13 +87,15 @@ class TextEnv(gym.Env[str, str]):
         self,
         *,
         split: str | None = None,
-        max_turns: int = 1,
+        max_turns: int | None = None,
         max_observation_chars: int = DEFAULT_MAX_CHARS,
         max_action_chars: int = DEFAULT_MAX_CHARS,
         render_mode: str | None = None,
         reward_range: tuple[float, float] | None = None,
     ) -> None:
-        if not isinstance(max_turns, int) or max_turns < 1:
+        if max_turns is None:  # the class's own declaration (``max_turns = 3``), else 1
+            max_turns = type(self).max_turns
+        if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
             raise ValueError(f"max_turns must be a positive integer, got {max_turns!r}")
         for name, value in (
             ("max_observation_chars", max_observation_chars),

@@ -30,6 +30,7 @@ __all__ = [
     "check_task_ids_stable",
     "check_text_env",
     "check_text_spaces",
+    "check_turn_limit",
 ]
 
 DEFAULT_MAX_STEPS = 100  # an episode that has not ended by then is ended with end_episode()
@@ -100,6 +101,29 @@ def check_text_spaces(env: gym.Env) -> None:
         check_reward_range(_attr(env, "reward_range", check))
     except ValueError as e:
         raise _fail(check, None, str(e)) from e
+
+
+def check_turn_limit(env: gym.Env) -> None:
+    """An env whose class declares ``max_turns`` above 1 allows more than one turn: an
+    instance cut to 1 (a constructor that passes ``max_turns=1`` over the declaration) would
+    end every episode at its first action, as a single-turn env."""
+    check = "check_turn_limit"
+    inner = env.unwrapped
+    declared = next(
+        (c.__dict__["max_turns"] for c in type(inner).__mro__ if "max_turns" in vars(c)), None
+    )
+    try:
+        allowed = env.get_wrapper_attr("max_turns")
+    except AttributeError:
+        return
+    if isinstance(declared, int) and declared > 1 and allowed == 1:
+        raise _fail(
+            check,
+            None,
+            f"{type(inner).__name__} declares max_turns = {declared}, but its episodes end "
+            "after 1 turn (its constructor passed max_turns=1 to TextEnv); drop that argument "
+            "or declare max_turns = 1",
+        )
 
 
 def check_task_ids_stable(env: gym.Env, split: str | None = None) -> list[str]:
@@ -203,6 +227,7 @@ def check_text_env(
     if not isinstance(max_tasks, int) or max_tasks < 1:
         raise ValueError(f"max_tasks must be a positive integer, got {max_tasks!r}")
     check_text_spaces(env)
+    check_turn_limit(env)
     task_ids = check_task_ids_stable(env, split)
     for task_id in task_ids[:max_tasks]:
         check_prompt_is_stable(env, task_id, seed)

@@ -73,7 +73,7 @@ def test_cut_turns_are_counted_and_the_cut_is_announced_once(tmp_path, capsys) -
     assert len(rows) == 2
     for row in rows:
         assert row["turns_cut"] == row["episodes"]  # one cut turn ended each episode
-        assert row["episodes_cut"] == row["episodes"]
+        assert row["end_reasons"]["turn_budget"] == row["episodes"]
         assert row["turns_mean"] == 1.0
     said = capsys.readouterr()
     notices = [line for line in (said.out + said.err).splitlines() if "--on-turn-budget" in line]

@@ -55,7 +55,8 @@ def episode_turn_metrics(episodes: Sequence[Episode], cancelled: int = 0) -> dic
     ``cancelled`` more that early stopping cancelled and left out of them:
 
     ``turns_mean`` and ``turns_max`` (turns per episode), ``turns_hist`` (episodes by turn
-    count), ``end_reasons`` (episodes by :func:`end_reason`, every reason present), the
+    count), ``turns_cut`` (turns the per-turn token budget cut, whether or not that ended the
+    episode), ``end_reasons`` (episodes by :func:`end_reason`, every reason present), the
     ``tool_calls`` and ``tool_errors`` their envs counted (``info`` totals: invalid calls,
     unknown tools, bad arguments, tools that raised), and ``reward_by_turns``: the mean
     reward of the episodes that ran (no env error) by turn count."""
@@ -70,6 +71,7 @@ def episode_turn_metrics(episodes: Sequence[Episode], cancelled: int = 0) -> dic
         "turns_mean": sum(turns) / len(turns) if turns else None,
         "turns_max": max(turns, default=0),
         "turns_hist": {str(n): c for n, c in sorted(Counter(turns).items())},
+        "turns_cut": sum((e.info.get("finish_reasons") or []).count("turn") for e in episodes),
         "end_reasons": {r: reasons.get(r, 0) for r in END_REASONS},
         "tool_calls": _count(episodes, "tool_calls"),
         "tool_errors": _count(episodes, "tool_errors"),

@@ -15,6 +15,7 @@ import math
 import os
 import random
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -30,7 +31,7 @@ from entrogym.agents.engines.shared_weights import frozen_base_tensors
 from entrogym.agents.env_workers import check_portable, shared_env_workers
 from entrogym.agents.rollout import check_env_errors, collect_rollouts
 from entrogym.algos import UpdateBatch
-from entrogym.envs.base import make_text_env, task_ids_of
+from entrogym.envs.base import env_attr, make_text_env, task_ids_of
 from entrogym.train.batch import collate_episodes, success_rate, usable_episodes
 from entrogym.train.config import TrainConfig
 from entrogym.train.devices import distributed
@@ -104,7 +105,9 @@ class Sampler:
         self._pipeline: RolloutPipeline | None = None  # the training loop's, once it runs
         # the env kwargs of the rollouts: --max-turns reaches an env that takes it
         self.env_kwargs = cfg.env_kwargs_for(cfg.env, cfg.env_kwargs)
-        self.tasks = _task_ids(cfg)  # a split smaller than tasks_per_iter is a config error
+        # a split smaller than tasks_per_iter is a config error
+        self.tasks, self.env_max_turns = _task_ids(cfg)
+        self.cut_announced = False  # a cut turn that ended a multi-turn episode was said
         self.eval_plan = _plan_evaluation(cfg)  # so is a bad eval split or eval env
         self.adapter: Path | None = None  # the current weights' adapter folder (engine input)
         self.versions: WeightVersions | None = None
@@ -371,7 +374,27 @@ class Sampler:
             "env_s": rollouts.stats["env_s"],
             **episode_turn_metrics(rollouts, cancelled=rollouts.stats["cancelled"]),
         }
+        self._announce_cut_turns(stats, what or f"iteration {it}")
         return collate_episodes(episodes, self.pad_id, cfg.turn_rewards), stats
+
+    def _announce_cut_turns(self, stats: dict[str, Any], what: str) -> None:
+        """Once per run: say that the default turn-budget rule ended multi-turn episodes at a
+        turn the token budget cut (the metrics rows count them every iteration)."""
+        cfg = self.cfg
+        cut = stats["end_reasons"]["turn_budget"]  # episodes a cut turn ended
+        if self.cut_announced or not cut or self.env_max_turns == 1:
+            return
+        self.cut_announced = True
+        allows = f"allows max_turns {self.env_max_turns}" if self.env_max_turns else "may go on"
+        print(
+            f"entrogym train: {cut} of {stats['episodes']} episodes of {what} "
+            f"ended at a turn cut by --max-response-tokens {cfg.max_response_tokens}, though "
+            f"{cfg.env} {allows}: --on-turn-budget {cfg.on_turn_budget} ends an episode there; "
+            "pass --on-turn-budget step to send a cut turn to the env and go on (said once; the "
+            "metrics rows count turns_cut and end_reasons.turn_budget)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def probe_batches(self, n: int, start: int) -> list[UpdateBatch]:
         """Rank 0: ``n`` batches of the weights of version ``start`` for a target probe, drawn
@@ -422,11 +445,13 @@ class Sampler:
             self.engine = None
 
 
-def _task_ids(cfg: TrainConfig) -> list[str]:
+def _task_ids(cfg: TrainConfig) -> tuple[list[str], int | None]:
+    """The training split's task ids, and the env's ``max_turns`` (None: it has none)."""
     if cfg.env_workers:
         check_portable(cfg.env)  # before any model loads
     env = make_text_env(cfg.env, **cfg.env_kwargs_for(cfg.env, cfg.env_kwargs))
     tasks = task_ids_of(env, cfg.split)
+    max_turns = env_attr(env, "max_turns")
     env.close()
     if not tasks:
         raise ValueError(f"env {cfg.env!r} has no tasks in split {cfg.split!r}")
@@ -442,7 +467,7 @@ def _task_ids(cfg: TrainConfig) -> list[str]:
             f"tasks of {cfg.env} (split {cfg.split or 'default'}); pass "
             f"--input-dependence-tasks {len(tasks)} or less"
         )
-    return tasks
+    return tasks, max_turns if isinstance(max_turns, int) else None
 
 
 def _plan_evaluation(cfg: TrainConfig) -> EvalPlan | None:
