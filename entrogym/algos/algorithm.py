@@ -15,7 +15,8 @@ from typing import Any
 from entrogym.algos.advantages import ADVANTAGES
 from entrogym.algos.controller_params import ControllerParams
 from entrogym.algos.controllers import CONTROLLERS, Controller
-from entrogym.algos.correction import check_correction
+from entrogym.algos.correction import CORRECTION_MODES, check_correction
+from entrogym.algos.finite import check_finite_fields
 from entrogym.algos.levers import LEVERS, Lever
 from entrogym.algos.losses import LOSSES, ClipParams
 from entrogym.algos.masks import MASKS
@@ -29,6 +30,7 @@ PART_REGISTRIES: dict[str, Registry] = {
     "lever": LEVERS,
     "controller": CONTROLLERS,
 }
+DEFAULT_IS_CLIP_MAX = 3.0  # the largest importance weight a correction keeps, by default
 # The settings of the update itself (not parts).
 UPDATE_KNOBS = ("epochs", "minibatch_size", "is_correction", "is_clip_min", "is_clip_max")
 
@@ -66,7 +68,7 @@ class AlgorithmConfig:
     minibatch_size: int | None = 128
     is_correction: str | None = None
     is_clip_min: float | None = None
-    is_clip_max: float | None = 3.0
+    is_clip_max: float | None = DEFAULT_IS_CLIP_MAX
 
     def __post_init__(self) -> None:
         if isinstance(self.epochs, bool) or not isinstance(self.epochs, int) or self.epochs < 1:
@@ -74,6 +76,8 @@ class AlgorithmConfig:
         size = self.minibatch_size
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
             raise ValueError(f"minibatch_size must be an integer >= 1 or None, got {size!r}")
+        check_finite_fields(self, "algo.")
+        self._check_clip_has_correction()
         if self.is_correction is not None:
             try:
                 check_correction(self.is_correction, self.is_clip_min, self.is_clip_max)
@@ -112,6 +116,19 @@ class AlgorithmConfig:
                 "use a lever that reads no target (entropy-bonus, repo-r, repo-d, clip-high)"
             )
         make_controller(self, lever)  # the controller checks its range and start value
+
+    def _check_clip_has_correction(self) -> None:
+        """An importance-weight clip set without a correction mode would be ignored."""
+        if self.is_correction is not None:
+            return
+        for knob, default in (("is_clip_min", None), ("is_clip_max", DEFAULT_IS_CLIP_MAX)):
+            value = getattr(self, knob)
+            if value != default:
+                raise ValueError(
+                    f"algo.{knob} {value} has no effect without algo.is_correction; add "
+                    f"--algo.is-correction {CORRECTION_MODES[0]} (or "
+                    f"{', '.join(CORRECTION_MODES[1:])}) or drop it"
+                )
 
     @property
     def parts(self) -> dict[str, Part | None]:

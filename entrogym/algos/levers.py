@@ -16,7 +16,7 @@ and trains with it through ``entrogym train --algo.lever module:name``::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -35,6 +35,7 @@ from entrogym.algos.entropy import (
     repo_r,
     token_covariance,
 )
+from entrogym.algos.finite import ALLOWS_INF
 from entrogym.algos.lever_hooks import (
     LEVERS,
     Coefficient,
@@ -199,7 +200,7 @@ class EntropyConstraintParams:
     """
 
     penalty: float = 0.2
-    upper_slack: float = 0.0
+    upper_slack: float = field(default=0.0, metadata=ALLOWS_INF)
     rows: Literal["all", "mixed"] = "all"
 
     def __post_init__(self) -> None:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, Generic, Literal, TypeVar, get_args, get_origin
 
+from entrogym.algos.finite import check_finite_values
 from entrogym.algos.plugins import import_plugin
 
 T = TypeVar("T")
@@ -143,6 +144,7 @@ class Registry(Generic[T]):
             if coerce is not None:
                 values[key] = value = coerce(knob, value, hints[key])
             check_type(knob, value, hints[key])
+        check_finite_values(values, cls, f"algo.{self.kind}.")
         return cls(**values)
 
     def part(

@@ -28,6 +28,7 @@ import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, get_loader, set_loader
 
 from entrogym.algos import AlgorithmConfig
+from entrogym.algos.finite import check_finite_values
 from entrogym.commands.algo_text import (
     algo_args_mapping,
     algo_help,
@@ -39,6 +40,10 @@ from entrogym.yaml_limits import check_yaml
 
 BOOL_WORDS = frozenset({"true", "false", "yes", "no", "True", "False", "1", "0"})
 _OPTION = re.compile(r"--[A-Za-z0-9_.]+")
+_NONFINITE_WORD = re.compile(
+    r'Parser key "([\w.]+)": Expected a <class \'float\'>\. Got value: ([-+]?(?:inf|infinity|nan))$',
+    re.IGNORECASE,
+)
 
 
 _JSONARGPARSE_YAML = get_loader("yaml")
@@ -239,7 +244,9 @@ def config_from(namespace: Any, config_cls: type, algo_tokens: list[str] = ()) -
         values["algo"] = algorithm_from_options(values["algo"], algo_tokens)
     elif algo_tokens:
         values["algo"] = merge_specs(values.get("algo"), algo_args_mapping(list(algo_tokens)))
-    return config_cls(**{f.name: values[f.name] for f in fields(config_cls) if f.name in values})
+    given = {f.name: values[f.name] for f in fields(config_cls) if f.name in values}
+    check_finite_values(given, config_cls)  # every float option (entrogym.algos.finite)
+    return config_cls(**given)
 
 
 def _check_config_files(argv: list[str]) -> None:
@@ -268,7 +275,11 @@ def parse_namespace(parser: ArgumentParser, argv: list[str]) -> Any:
     except Exception as exc:  # jsonargparse raises ArgumentError / TypeError subclasses
         if isinstance(exc, KeyboardInterrupt):
             raise
-        raise ValueError(" ".join(_dashed(str(exc)).split())) from exc
+        text = " ".join(_dashed(str(exc)).split())
+        word = _NONFINITE_WORD.search(text)  # YAML reads "inf" as text: say what is wrong
+        if word:
+            text = f"{word[1]} must be a finite number, got {word[2]}"
+        raise ValueError(text) from exc
 
 
 def parse_options(parser: ArgumentParser, argv: list[str], config_cls: type) -> Any:

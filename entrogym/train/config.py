@@ -35,7 +35,8 @@ from entrogym.train.folder.trackers import NO_TRACKER, parse_report_to
 # Padded tokens per learner micro-batch: about 5 GB of activations for a 135M model in fp32
 # (~2.5 MB a token), whatever the episodes' length; single-turn batches stay under it.
 DEFAULT_MICRO_BATCH_TOKENS = 2048
-MAX_SEED = 2**32 - 1  # numpy's seed range; every seed the run derives stays within int64
+MAX_SEED = 2**32 - 1
+EARLY_STOP_MIN_PER_TASK = 4  # early_stop_min_per_task unless samples is fewer  # numpy's seed range; every seed the run derives stays within int64
 
 
 # How an async run with the in-process hf engine splits the cores
@@ -67,7 +68,8 @@ class TrainConfig(AgentConfig):
             rescored under that version (docs/async.md).
         tasks_per_iter: tasks sampled per iteration; each gets ``samples`` rollouts (a group).
         samples: K, rollouts per task (paper: 6).
-        early_stop_min_per_task: rollouts per task needed before the batch may stop early.
+        early_stop_min_per_task: rollouts per task needed before the batch may stop early
+            (None: 4, or ``samples`` where that is fewer).
         early_stop_fraction: share of all rollouts needed before stopping early (paper: 0.9).
         max_env_error_fraction: share of an iteration's episodes that may fail on an env error
             before the run stops (naming the first failure).
@@ -166,7 +168,7 @@ class TrainConfig(AgentConfig):
     max_staleness: int = 0
     tasks_per_iter: int = 8
     samples: int = 6
-    early_stop_min_per_task: int = 4
+    early_stop_min_per_task: int | None = None
     early_stop_fraction: float = 0.9
     max_env_error_fraction: float = 0.5
     env_workers: int = DEFAULT_ENV_WORKERS
@@ -317,6 +319,8 @@ class TrainConfig(AgentConfig):
             raise ValueError(
                 f"samples must be >= 2 (K rollouts per task form a group), got {self.samples}"
             )
+        if self.early_stop_min_per_task is None:  # derived from samples: never above it
+            self.early_stop_min_per_task = min(EARLY_STOP_MIN_PER_TASK, self.samples)
         if not 1 <= self.early_stop_min_per_task <= self.samples:
             raise ValueError(
                 f"early_stop_min_per_task must be in [1, samples={self.samples}], "

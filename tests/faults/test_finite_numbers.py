@@ -29,6 +29,8 @@ TRAIN_CASES = [
      "algo.loss.eps_high must be a finite number, got inf"),
     (["--lr", "inf"], "lr must be a finite number, got inf"),
     (["--lr", "nan"], "lr must be a finite number, got nan"),
+    (["--lr", "1e999"], "lr must be a finite number, got inf"),
+    (["--weight-decay", ".inf"], "weight_decay must be a finite number, got inf"),
     (["--temperature", "inf"], "temperature must be a finite number, got inf"),
     (["--env-timeout", "inf"], "env_timeout must be a finite number, got inf"),
     (["--request-timeout", "nan"], "request_timeout must be a finite number, got nan"),
@@ -44,7 +46,9 @@ TRAIN_CASES = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("argv", "message"), TRAIN_CASES, ids=[" ".join(c[0]) for c in TRAIN_CASES])
+@pytest.mark.parametrize(
+    ("argv", "message"), TRAIN_CASES, ids=[" ".join(c[0]) for c in TRAIN_CASES]
+)
 def test_a_non_finite_or_ignored_train_option_is_refused(argv: list[str], message: str) -> None:
     with pytest.raises(ValueError) as info:
         train_command.parse_config([*TINY, *argv])
@@ -67,15 +71,24 @@ def test_the_refusal_is_one_line_and_exit_2_before_anything_is_written(
 
 def test_a_non_finite_value_in_a_config_file_is_one_line(tmp_path: Path, capsys) -> None:
     config = tmp_path / "run.yaml"
-    config.write_text("lr: .inf\nalgo: {name: grpo, lever: {name: aepo}, controller: {max: .nan}}\n")
+    config.write_text(
+        "lr: .inf\nalgo: {name: grpo, lever: {name: aepo}, controller: {max: .nan}}\n"
+    )
     with pytest.raises(ValueError, match="must be a finite number, got "):
         train_command.parse_config([*TINY, "--config", str(config)])
 
 
 def test_a_documented_infinity_is_taken() -> None:
     cfg = train_command.parse_config(
-        [*TINY, "--algo", "grpo", "--algo.lever", "entropy-constraint",
-         "--algo.lever.upper_slack", "inf"]  # fmt: skip
+        [
+            *TINY,
+            "--algo",
+            "grpo",
+            "--algo.lever",
+            "entropy-constraint",
+            "--algo.lever.upper_slack",
+            "inf",
+        ]  # fmt: skip
     )
     assert cfg.algo.lever.params.upper_slack == float("inf")
 
