@@ -1,0 +1,118 @@
+"""Adapters verifiable anywhere: an adapter folder entrogym writes (a checkpoint's ``adapter/``,
+``adapters/vNNNNNN``) carries its own record, ``entrogym_adapter.json``: the size and sha256 of
+its files and the base model's name and identity. So a copy shared without its checkpoint is
+verified too: ``eval --adapter`` and ``train --init-adapter`` refuse an altered copy in one line,
+exit code 2, before any model loads."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from entrogym.commands import eval as eval_command
+from entrogym.commands import train as train_command
+from entrogym.train.folder.checkpoint import save_checkpoint
+
+MODEL = "tiny-random-llama"
+RECORD = "entrogym_adapter.json"
+TINY = ["--model", MODEL, "--engine", "hf", "--engine-dtype", "fp32",
+        "--max-response-tokens", "4", "--max-context-tokens", "256",
+        "--on-turn-budget", "step"]  # fmt: skip
+EVAL = ["--env", "entrogym/Arithmetic-v0", "--max-tasks", "1"]
+TRAIN = ["--env", "entrogym/Arithmetic-v0", "--iterations", "1", "--tasks-per-iter", "1",
+         "--samples", "2"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory) -> Path:
+    """A checkpoint's adapter copied out of its run, as a user shares it."""
+    from entrogym.train.learner.policy import load_policy
+
+    root = tmp_path_factory.mktemp("runs")
+    policy = load_policy(MODEL, seed=0)
+    save_checkpoint(root / "run", 1, model=policy, optimizer=None, state={}, base_model=MODEL)
+    adapter = root / "run" / "checkpoints" / "iter-000001" / "adapter"
+    return Path(shutil.copytree(adapter, root / "shared-adapter"))
+
+
+@pytest.fixture()
+def no_model_loads(monkeypatch) -> Iterator[None]:
+    from transformers import AutoModelForCausalLM
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the adapter was checked")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", refuse)
+    yield
+
+
+def _garble_tensors(weights: Path) -> None:
+    """Overwrite the tensor bytes with other finite values, keeping the header and the size."""
+    data = bytearray(weights.read_bytes())
+    start = 8 + struct.unpack("<Q", bytes(data[:8]))[0]
+    count = (len(data) - start) // 4
+    garbage = (torch.rand(count, generator=torch.Generator().manual_seed(1)) - 0.5).numpy()
+    data[start : start + 4 * count] = garbage.tobytes()
+    weights.write_bytes(bytes(data))
+
+
+def test_an_adapter_folder_carries_its_checksums_and_base_model(shared: Path) -> None:
+    from entrogym.models import resolve_model
+    from entrogym.train.folder.checkpoint_verify import sha256_of
+
+    record = json.loads((shared / RECORD).read_text())
+    assert record["base_model"] == MODEL
+    config = json.loads((Path(resolve_model(MODEL)) / "config.json").read_text())
+    assert record["base_model_identity"]["hidden_size"] == config["hidden_size"]
+    weights = shared / "adapter_model.safetensors"
+    entry = record["files"]["adapter_model.safetensors"]
+    assert entry == {"size": weights.stat().st_size, "sha256": sha256_of(weights)}
+
+
+def test_a_published_adapter_version_carries_its_record_too(tmp_path: Path) -> None:
+    from entrogym.train.learner.policy import load_policy, save_adapter
+
+    folder = save_adapter(load_policy(MODEL, seed=0), tmp_path / "v000001", base_model=MODEL)
+    assert json.loads((folder / RECORD).read_text())["base_model"] == MODEL
+
+
+def test_an_intact_copy_is_accepted(shared: Path, tmp_path: Path) -> None:
+    from entrogym.train.folder.adapter_check import verify_adapter
+
+    copy = Path(shutil.copytree(shared, tmp_path / "copy"))
+    assert verify_adapter(str(copy), MODEL, option="adapter") == copy.resolve()
+    assert verify_adapter(str(copy), MODEL, option="init_adapter",
+                          lora=(16, 32, sorted(json.loads((copy / "adapter_config.json")
+                                                          .read_text())["target_modules"])))  # fmt: skip
+
+
+@pytest.mark.parametrize("damage", ["garbled", "truncated", "config"])
+def test_an_altered_copy_is_refused_in_one_line(
+    shared: Path, damage: str, tmp_path: Path, capsys, no_model_loads
+) -> None:
+    copy = Path(shutil.copytree(shared, tmp_path / "copy"))
+    weights = copy / "adapter_model.safetensors"
+    if damage == "garbled":
+        _garble_tensors(weights)
+    elif damage == "truncated":
+        weights.write_bytes(weights.read_bytes()[:-4])
+    else:  # another LoRA alpha: the same tensors would mean another policy
+        config = json.loads((copy / "adapter_config.json").read_text())
+        config["lora_alpha"] = 64
+        (copy / "adapter_config.json").write_text(json.dumps(config))
+    rc = eval_command.cli([*EVAL, *TINY, "--adapter", str(copy)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert RECORD in err[0] and str(copy) in err[0], err
+    out = tmp_path / "second"
+    rc = train_command.cli([*TRAIN, *TINY, "--out", str(out), "--init-adapter", str(copy)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert RECORD in err[0] and "init_adapter" in err[0], err
+    assert not out.exists()
