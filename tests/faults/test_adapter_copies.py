@@ -106,13 +106,15 @@ def test_an_altered_copy_is_refused_in_one_line(
         config = json.loads((copy / "adapter_config.json").read_text())
         config["lora_alpha"] = 64
         (copy / "adapter_config.json").write_text(json.dumps(config))
+    # a file that no longer reads as safetensors is named as damaged before the record is read
+    said = "is not a safetensors file" if damage == "truncated" else RECORD
     rc = eval_command.cli([*EVAL, *TINY, "--adapter", str(copy)])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1, err
-    assert RECORD in err[0] and str(copy) in err[0], err
+    assert said in err[0] and str(copy) in err[0], err
     out = tmp_path / "second"
     rc = train_command.cli([*TRAIN, *TINY, "--out", str(out), "--init-adapter", str(copy)])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1, err
-    assert RECORD in err[0] and "init_adapter" in err[0], err
+    assert said in err[0] and str(copy) in err[0], err
     assert not out.exists()

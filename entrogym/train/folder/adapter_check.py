@@ -1,7 +1,8 @@
 """Verify an adapter before any model loads it (``eval --adapter``, ``train --init-adapter``).
 
 In order: the folder (a checkpoint's adapter matches the sha256s of its ``meta.json``, as a
-``--resume`` checks), the base model it was trained on (``meta.json`` and
+``--resume`` checks; any adapter entrogym wrote, a copy out of its checkpoint too, matches its
+own ``entrogym_adapter.json``), the base model it was trained on (``meta.json`` and
 ``adapter_config.json``, compared by the models' own ``config.json``:
 ``entrogym.train.folder.model_identity``), its weights (a safetensors file of finite values), its
 LoRA matrices against the model's layer shapes, and for ``--init-adapter`` the run's LoRA
@@ -14,8 +15,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+from entrogym.train.folder.adapter_files import recorded_identity_mismatch
 from entrogym.train.folder.checkpoint_verify import read_meta
-from entrogym.train.folder.checkpoint_weights import checkpoint_of, resolve_adapter, verified_meta
+from entrogym.train.folder.checkpoint_weights import (
+    checkpoint_of,
+    resolve_adapter,
+    verified_copy,
+    verified_meta,
+)
 from entrogym.train.folder.model_identity import base_model_mismatch
 
 
@@ -129,7 +136,14 @@ def verify_adapter(
     if config.get("base_model_name_or_path"):
         where = "adapter_config.json (base_model_name_or_path)"
         _check_base(named, str(config["base_model_name_or_path"]), model, served, where)
+    differ = recorded_identity_mismatch(folder, model, prepare=not served)
+    if differ:
+        raise ValueError(
+            f"{named} was trained on another base model than {model!r} ({differ}); pass the "
+            "--model it was trained on"
+        )
     check_adapter_weights(folder)  # first: the shape check reads the file's header
+    verified_copy(folder, option)  # any other change since it was saved (its own record)
     if not served:
         check_adapter(folder, resolve_model(model))
     if lora is not None:

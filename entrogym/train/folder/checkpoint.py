@@ -126,7 +126,7 @@ def _write_folder(
 ) -> None:
     """Everything of one checkpoint into ``tmp``, ``meta.json`` (with checksums) last."""
     tmp.mkdir()
-    save_weights(model, tmp, weights)
+    save_weights(model, tmp, weights, base_model)
     if optimizer_state is None and optimizer is not None:
         optimizer_state = distributed.optimizer_state(model, optimizer, distributed.Ranks())
     torch.save(

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from entrogym.train.folder.adapter_files import adapter_record_problem, write_adapter_record
 from entrogym.train.folder.checkpoint_verify import (
     ADAPTER_DIR,
     CHECKPOINTS_DIR,
@@ -37,18 +38,23 @@ def _is_peft(model: torch.nn.Module) -> bool:
 
 
 def save_weights(
-    model: torch.nn.Module, folder: Path, weights: dict[str, torch.Tensor] | None
+    model: torch.nn.Module,
+    folder: Path,
+    weights: dict[str, torch.Tensor] | None,
+    base_model: str | None = None,
 ) -> None:
-    """``folder/adapter``: peft format, or ``model.safetensors`` for a plain module."""
+    """``folder/adapter``: peft format, or ``model.safetensors`` for a plain module, with its
+    record (``entrogym_adapter.json``), so that a copy of it alone can be verified."""
     if _is_peft(model):
         model.save_pretrained(str(folder / ADAPTER_DIR), state_dict=weights)
-        return
-    from safetensors.torch import save_file
+    else:
+        from safetensors.torch import save_file
 
-    (folder / ADAPTER_DIR).mkdir()
-    source = model.state_dict() if weights is None else weights
-    tensors = {k: v.detach().cpu().contiguous().clone() for k, v in source.items()}
-    save_file(tensors, str(folder / ADAPTER_DIR / PLAIN_WEIGHTS))
+        (folder / ADAPTER_DIR).mkdir()
+        source = model.state_dict() if weights is None else weights
+        tensors = {k: v.detach().cpu().contiguous().clone() for k, v in source.items()}
+        save_file(tensors, str(folder / ADAPTER_DIR / PLAIN_WEIGHTS))
+    write_adapter_record(folder / ADAPTER_DIR, base_model)
 
 
 def load_weights(model: torch.nn.Module, adapter_dir: Path, *, what: str) -> None:
@@ -125,6 +131,17 @@ def verified_meta(checkpoint: Path, option: str) -> dict[str, Any]:
     return read_meta(checkpoint, checksums=False)  # verified just above
 
 
+def verified_copy(adapter: Path, option: str) -> None:
+    """The adapter folder matches its own record (``entrogym_adapter.json``), wherever it was
+    copied; one ValueError line saying what to do otherwise."""
+    problem = adapter_record_problem(adapter)
+    if problem:
+        raise ValueError(
+            f"{option} {str(adapter)!r}: {problem}; use an intact copy of the adapter (its "
+            "run keeps one in RUN/checkpoints/iter-N/adapter)"
+        )
+
+
 def resolve_adapter(source: str | os.PathLike[str], option: str = "init_adapter") -> Path:
     """The adapter folder meant by ``source``: a checkpoint folder, a run folder (its best
     checkpoint, else its latest) or a plain peft adapter folder. A checkpoint's adapter (also
@@ -168,6 +185,7 @@ def load_adapter_into(
     the paper's sequential training starts a new run from another run's best checkpoint.
     Returns the adapter folder used."""
     adapter = resolve_adapter(adapter_dir_or_checkpoint)
+    verified_copy(adapter, "init_adapter")  # a copy out of its checkpoint, by its own record
     checkpoint = checkpoint_of(adapter)
     if checkpoint is not None:
         check_base_model(read_meta(checkpoint, checksums=False), base_model, checkpoint)

@@ -21,7 +21,7 @@ from entrogym import onednn
 from entrogym.atomic import swap_in_folder
 from entrogym.models import LORA_TARGETS, resolve_model
 from entrogym.train.devices.precision import check_device_dtype, resolve_dtype
-from entrogym.train.folder.adapter_files import finite_adapter_weights
+from entrogym.train.folder.adapter_files import finite_adapter_weights, write_adapter_record
 
 
 @dataclass
@@ -162,8 +162,10 @@ def save_adapter(
     model: torch.nn.Module,
     path: str | os.PathLike,
     weights: dict[str, torch.Tensor] | None = None,
+    base_model: str | None = None,
 ) -> Path:
-    """Save the LoRA adapter in peft's format, atomically (temp folder, then rename).
+    """Save the LoRA adapter in peft's format, atomically (temp folder, then rename), with its
+    record (``entrogym_adapter.json``: its files' checksums and ``base_model``).
 
     ``weights``: the adapter's whole tensors when the model is FSDP2-sharded (gathered by
     ``entrogym.train.devices.distributed.gathered_adapter``); otherwise read from the model.
@@ -176,6 +178,7 @@ def save_adapter(
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
         model.save_pretrained(str(tmp), safe_serialization=True, state_dict=weights)
+        write_adapter_record(tmp, base_model)
         tmp.chmod(0o755)
         swap_in_folder(tmp, final)
     finally:

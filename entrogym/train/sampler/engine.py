@@ -162,7 +162,7 @@ class Sampler:
             self.versions.record(version)
         if self.ranks.main:
             try:
-                save_adapter(self.policy, folder, weights)
+                save_adapter(self.policy, folder, weights, base_model=self.cfg.model)
                 # disk stays bounded however long the run
                 prune_adapters(self.run_dir, version, keep=self.budget.adapter_folders)
             except OSError as exc:
@@ -183,7 +183,8 @@ class Sampler:
         older = [v for v in self.versions.versions() if v < start]
         for version, weights in self.versions.full(older).items():  # collective under torchrun
             if self.ranks.main:
-                save_adapter(self.policy, adapter_folder(self.run_dir, version), weights)
+                folder = adapter_folder(self.run_dir, version)
+                save_adapter(self.policy, folder, weights, base_model=self.cfg.model)
 
     def versions_to_save(self, it: int) -> dict[int, Weights] | None:
         """The weights of the versions the batches after iteration ``it`` are sampled by, for
