@@ -4,6 +4,8 @@ final policy on task B with one algorithm, and compare how the starts learn B.""
 from __future__ import annotations
 
 import os
+import signal
+import sys
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -12,6 +14,7 @@ from typing import Any
 from entrogym.commands.demo_runs import run_option
 from entrogym.commands.options import make_parser, parse_options, run_command
 from entrogym.experiments.config import DemoRun
+from entrogym.train.shutdown import Interrupted
 
 PROG = "entrogym sequential"
 
@@ -21,7 +24,7 @@ class SequentialOptions:
     """The sequential experiment's knobs (rollout settings are the demo's: entrogym.experiments.AGENT).
 
     Args:
-        out: output folder (must be empty or new).
+        out: output folder (must be empty or new, unless --resume continues its experiment).
         pair: the task pair (A, B) by name; see entrogym.experiments.sequential.PAIRS.
         task_a: env id of task A instead of the pair's (with task_a_kwargs).
         task_a_kwargs: env kwargs of task_a.
@@ -48,8 +51,12 @@ class SequentialOptions:
         model: model name (None: the demo's SmolLM2; tests use tiny-random-llama).
         workers: worker processes side by side, one thread each (None: two per core).
         stage1_from: continue a finished stage 1 instead of training it again: a previous
-            ``entrogym sequential`` out, or an ``entrogym demo`` out (FOLDER/seedS/RUN) whose
-            runs, seeds and iterations are these.
+            ``entrogym sequential`` out, or an ``entrogym demo`` out (FOLDER/seedS/RUN), whose
+            runs were trained as this experiment's would be (task A and its kwargs, each run's
+            spec, the model, lr, iterations and seeds; any difference is refused).
+        resume: continue the stopped experiment in ``out`` (the same options; --workers may
+            change): its finished jobs are kept, a run stopped after a checkpoint goes on from
+            it, the others run.
     """
 
     out: str = "runs/sequential"
@@ -73,6 +80,7 @@ class SequentialOptions:
     model: str | None = None
     workers: int | None = None
     stage1_from: str | None = None
+    resume: bool = False
 
     def __post_init__(self) -> None:
         from entrogym.experiments.sequential import PAIRS
@@ -90,6 +98,8 @@ class SequentialOptions:
             raise ValueError(f"stage2_eval_every must be >= 0, got {self.stage2_eval_every}")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds: give one or more distinct seeds, got {self.seeds}")
+        if Path(self.out).exists() and not Path(self.out).is_dir():
+            raise ValueError(f"out: {self.out} is a file; pass a folder for the experiment")
         if self.stage1_from is not None and not Path(self.stage1_from).is_dir():
             raise ValueError(f"stage1_from: {self.stage1_from} is not a folder")
         if not self.lr > 0:
@@ -163,8 +173,27 @@ def cli(argv: list[str]) -> int:
                     pass_samples=opts.pass_samples, workers=opts.workers or 2 * cores,
                     threads=1, model=opts.model,
                     stage1_from=Path(opts.stage1_from) if opts.stage1_from else None,
+                    resume=opts.resume,
                     **({"engine": opts.engine} if opts.engine else {}))  # fmt: skip
-        run_sequential(plan)
+        if plan.stage1_from is not None:
+            plan.stage1_folders()  # another experiment's stage 1: one line, before any model
+        try:
+            run_sequential(plan)
+        except Interrupted as stop:  # a run trained in this process (--workers 1)
+            print(f"{PROG}: {stop}; {STOPPED}", file=sys.stderr)
+            return stop.exit_code
+        except (
+            SystemExit
+        ) as stop:  # SIGTERM while the job processes ran (entrogym.experiments.pool)
+            if stop.code not in (128 + signal.SIGTERM, 128 + signal.SIGINT):
+                raise
+            name = signal.Signals(int(stop.code) - 128).name
+            print(f"{PROG}: {name}: the job processes were stopped; {STOPPED}", file=sys.stderr)
+            return int(stop.code)
         return 0
 
-    return run_command(PROG, body, interrupted="interrupted; rerun with a new --out")
+    return run_command(PROG, body, interrupted=STOPPED)
+
+
+# the finished jobs are in OUT/jobs.jsonl, a stopped run's checkpoint in its folder
+STOPPED = "interrupted; continue the experiment with the same command and --resume"

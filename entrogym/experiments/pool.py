@@ -66,11 +66,13 @@ def run_jobs(
     *,
     then: Then | None = None,
     urgent: Callable[[Any], bool] | None = None,
+    known: Callable[[Any], dict[str, Any] | None] | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``jobs`` and their follow-ups on ``workers`` fresh processes (in this one when 1),
     printing each as it ends (``announce(job, result)``). ``body`` runs one job (a module-level
     function, so spawned workers can import it); ``then(job, result)`` gives a
-    finished job's follow-ups.
+    finished job's follow-ups. ``known(job)`` gives the result of a job that finished before
+    (a resumed experiment's): it is taken as the job's result, without running the job.
 
     Returns the results of ``jobs`` in their order, then those of the follow-ups in their
     parents' order (each parent's in the order ``then`` gave them). The first failure, Ctrl-C
@@ -88,26 +90,37 @@ def run_jobs(
         queue.extend(children)
         return follow[i]
 
+    def ready(i: int) -> dict[str, Any] | None:
+        return None if known is None else known(queue[i])
+
     if workers == 1:
         todo = list(range(len(jobs)))
-        while todo:
-            i = todo.pop(0)
-            todo[:0] = done(i, body(queue[i]))
+        with _sigterm_as_exit():  # a trainer running here takes SIGTERM over while it trains
+            while todo:
+                i = todo.pop(0)
+                todo[:0] = done(i, ready(i) or body(queue[i]))
     else:
         # one process per job (maxtasksperchild=1): each starts with its own threads and
         # engine; leaving the with-block terminates the pool, so an error does not wait
         with _sigterm_as_exit(), get_context("spawn").Pool(workers, maxtasksperchild=1) as pool:
+            pending: dict[int, Any] = {}
 
-            def submit(i: int) -> Any:
+            def submit(i: int) -> None:
+                result = ready(i)
+                if result is not None:  # done before: its follow-ups are due now
+                    for child in done(i, result):
+                        submit(child)
+                    return
                 nice = 0 if urgent is None or urgent(queue[i]) else BACKGROUND_NICE
-                return pool.apply_async(_run_at_priority, (body, queue[i], nice))
+                pending[i] = pool.apply_async(_run_at_priority, (body, queue[i], nice))
 
-            pending = {i: submit(i) for i in range(len(jobs))}
+            for i in range(len(jobs)):
+                submit(i)
             while pending:
                 for i in [i for i, result in pending.items() if result.ready()]:
                     result = pending.pop(i).get()  # re-raises its error
                     for child in done(i, result):
-                        pending[child] = submit(child)
+                        submit(child)
                 time.sleep(0.2)
     order = list(range(len(jobs)))
     for i in order:  # grows as it walks: follow-ups of follow-ups come after their parents

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,94 +24,22 @@ from entrogym.experiments.config import AGENT, DEFAULT_LR, DEFAULT_RUNS, DemoRun
 from entrogym.experiments.pass_at_k import PassJob, Task, final_adapter, pass_at_k_of, pass_line
 from entrogym.experiments.pool import run_jobs
 from entrogym.experiments.run import run_record, train_one
+from entrogym.experiments.sequential_pairs import DEFAULT_PAIR, PAIRS, TaskPair
+from entrogym.experiments.sequential_summary import late_accuracy, stage_area, summarize
 
-__all__ = ["PAIRS", "Plan", "Task", "TaskPair", "late_accuracy", "run_sequential"]
+__all__ = [
+    "DEFAULT_PAIR",
+    "PAIRS",
+    "Plan",
+    "Task",
+    "TaskPair",
+    "late_accuracy",
+    "run_sequential",
+    "stage_area",
+    "summarize",
+]
 
 
-@dataclass(frozen=True)
-class TaskPair:
-    """Task A (stage 1) and task B (stage 2), with why they were paired."""
-
-    a: Task
-    b: Task
-    why: str
-
-
-ARITHMETIC = "entrogym/Arithmetic-v0"
-# one-digit + and -, the demo's task: task A of the first pairs
-ADD1 = Task(ARITHMETIC, {"max_digits": 1, "num_train": 100, "num_test": 40})
-# one-digit + and - with negative answers: task A of the later pairs
-NEG1 = Task(ARITHMETIC, {"max_digits": 1, "allow_negative": True, "num_train": 100, "num_test": 40})
-PAIRS: dict[str, TaskPair] = {
-    "add1-add2": TaskPair(
-        a=ADD1,
-        b=Task(ARITHMETIC, {"max_digits": 2, "num_train": 200, "num_test": 40}),
-        why="one-digit + and - (the demo's task), then operands of one or two digits",
-    ),
-    # B in the 20-60 % band asked of a second task (base pass@1 0.23, docs/results.md)
-    "add1-mixed": TaskPair(
-        a=ADD1,
-        b=Task(
-            ARITHMETIC, {"max_digits": 1, "operations": "+-*", "num_train": 100, "num_test": 40}
-        ),
-        why="one-digit + and - (the demo's task), then one-digit +, - and * (* is new)",
-    ),
-    # a single operator to collapse onto, then another; B's base pass@1 0.24, in the 20-60 %
-    # band. The highest mean stage-2 lead on seeds 0-2, reversed on seeds 3-5 (docs/results.md,
-    # 2026-11-28 14:55 and 2026-11-29 16:16)
-    "add-mul": TaskPair(
-        a=Task(ARITHMETIC, {"max_digits": 1, "operations": "+", "num_train": 40, "num_test": 20}),
-        b=Task(ARITHMETIC, {"max_digits": 1, "operations": "*", "num_train": 40, "num_test": 20}),
-        why="one-digit + alone, then one-digit * (another operation on the same operands)",
-    ),
-    # A that a collapse leaves partly unsolved (base pass@1 0.22; GRPO ends with a quarter of
-    # it out of reach in 32 samples), then a B that a screen of the stage-1 policies picked:
-    # the held starts reach more of it (docs/results.md, 2026-11-29 10:03 and 10:30)
-    "neg-mixed": TaskPair(
-        a=NEG1,
-        b=Task(
-            ARITHMETIC, {"max_digits": 1, "operations": "+-*", "num_train": 100, "num_test": 40}
-        ),
-        why="one-digit + and - with negative answers, then one-digit +, - and *",
-    ),
-    # a B from another domain, so that A's arithmetic carries less and the starting policy's
-    # exploration more: reasoning-gym's gcd scaled to a 135M model and graded by the last
-    # number (base pass@1 0.16, pass@8 0.63: most tasks within reach of sampling, few of the
-    # first sample; docs/results.md, 2026-12-02 01:58)
-    "neg-gcd": TaskPair(
-        a=NEG1,
-        b=Task(
-            "entrogym/ReasoningGym-v0",
-            {
-                "dataset": "gcd",
-                "config": {"max_value": 10},
-                "size": 100,
-                "test_size": 40,
-                "seed": 0,
-                "bare_number": True,
-            },
-        ),
-        why="one-digit + and - with negative answers, then the gcd of two numbers up to 10",
-    ),
-    # a task switch: |a - b| after signed a - b, where the sign A taught is wrong on 45 of 100
-    # pairs (base pass@1 0.13, pass@8 0.58; docs/results.md, 2026-12-05 00:37 and 01:40)
-    "neg-abs": TaskPair(
-        a=NEG1,
-        b=Task(
-            ARITHMETIC,
-            {
-                "max_digits": 1,
-                "operations": "-",
-                "allow_negative": True,
-                "absolute": True,
-                "num_train": 60,
-                "num_test": 40,
-            },
-        ),
-        why="one-digit + and - with negative answers, then |a - b| of one-digit operands",
-    ),
-}
-DEFAULT_PAIR = "add1-add2"
 STAGE1_ITERATIONS, STAGE2_ITERATIONS = 15, 10
 # Stage 2's one algorithm: plain GRPO, so that only the starting policy differs (a run's text,
 # read like stage 1's).
@@ -120,26 +48,6 @@ STAGE2_ALGO = "grpo"
 RUNS = DEFAULT_RUNS
 # pass@k on A: the first PASS_TASKS held-out tasks, PASS_SAMPLES samples each.
 PASS_TASKS, PASS_SAMPLES = 16, 64
-
-
-def stage_area(reward: list[float]) -> float:
-    """The area under a stage-2 reward curve, per iteration: the trapezoid rule over iterations
-    0..n-1 divided by n - 1 (the mean height; a single iteration is its own reward)."""
-    if len(reward) == 1:
-        return float(reward[0])
-    inner = sum(reward[1:-1]) + (reward[0] + reward[-1]) / 2
-    return inner / (len(reward) - 1)
-
-
-def late_accuracy(curve: list[list[float]], iterations: int) -> float | None:
-    """The mean held-out accuracy over a stage's second half: the evaluations after iterations
-    ``(iterations - 1) / 2`` and on (``curve``: [iteration, accuracy] pairs, 0-based). Where a
-    run ends, with less noise than its last evaluation when it is evaluated often
-    (``--stage2-eval-every``): between iterations 20 and 30 one policy's held-out accuracy
-    moved by up to +-0.12, more than the effect measured (docs/results.md). With only the
-    first and last evaluations it is the last; None without evaluations."""
-    late = [accuracy for it, accuracy in curve if 2 * it >= iterations - 1]
-    return sum(late) / len(late) if late else None
 
 
 @dataclass(frozen=True)
@@ -153,15 +61,38 @@ class TrainJob:
 
 
 def run_sequential_job(job: TrainJob | PassJob) -> dict[str, Any]:
-    """Body of one pool process."""
+    """Body of one pool process. A run whose folder holds a checkpoint already (an experiment
+    stopped and resumed) continues from it."""
     if isinstance(job, PassJob):
         return {"label": job.label, "seed": job.seed, "pass_at_k": pass_at_k_of(job)}
     from entrogym.experiments.log_labels import labelled_output
+    from entrogym.train.folder.layout import has_checkpoint
 
+    config = job.config
+    if has_checkpoint(Path(config.out)):  # its start is in the checkpoint, not init_adapter
+        config = replace(config, resume=True, init_adapter=None)
     name = f"{job.label} s{job.seed} stage{job.stage}"
-    with labelled_output(name, job.config.algo.name):
-        record = train_one(job.config)
+    with labelled_output(name, config.algo.name):
+        record = train_one(config)
     return {"label": job.label, "seed": job.seed, "stage": job.stage, **record}
+
+
+def job_key(job: TrainJob | PassJob) -> str:
+    """A job's name in the journal (``entrogym.experiments.journal``)."""
+    if isinstance(job, PassJob):
+        return f"pass/{job.label}/seed{job.seed}"
+    return f"stage{job.stage}/{job.label}/seed{job.seed}"
+
+
+def held_out_size(task: Task) -> int:
+    """Tasks in ``task``'s held-out (``test``) split."""
+    from entrogym.envs.base import make_text_env, task_ids_of
+
+    env = make_text_env(task.env, **task.env_kwargs)
+    try:
+        return len(task_ids_of(env, "test"))
+    finally:
+        env.close()
 
 
 def announce(job: TrainJob | PassJob, result: dict[str, Any]) -> None:
@@ -217,6 +148,66 @@ class Plan:
     # a finished stage 1 to continue from (its out, or a demo's: FOLDER/seedS/RUN) instead of
     # training stage 1 again
     stage1_from: Path | None = None
+    # continue a stopped experiment in ``out`` from its finished jobs (entrogym.experiments.journal)
+    resume: bool = False
+
+    def stage1_folders(self) -> list[tuple[TrainJob, Path]]:
+        """Each stage-1 job and the finished run under ``stage1_from`` it reuses, checked to
+        be that run (:func:`~entrogym.experiments.stage1_reuse.stage1_mismatch`: task A and its
+        kwargs, the spec, the model, lr, the iterations and the seed) and to end at its last
+        iteration; ValueError (one line) otherwise."""
+        from entrogym.experiments.stage1_reuse import stage1_mismatch
+
+        assert self.stage1_from is not None
+        out = []
+        runs = [run for _ in self.seeds for run in self.runs]
+        for job, run in zip(self.stage1_jobs(), runs, strict=True):
+            # a sequential run's out holds stage1/seedS/RUN, a demo's seedS/RUN
+            nested = (self.stage1_from / "stage1").is_dir()
+            root = self.stage1_from / ("stage1" if nested else ".") / f"seed{job.seed}"
+            folder = _run_folder(root, Path(job.config.out).name, run.spec_folder)
+            differ = stage1_mismatch(folder, job.config.to_dict())
+            if differ:
+                raise ValueError(
+                    f"stage1_from: {folder} is not this experiment's stage-1 run {job.label!r} "
+                    f"(seed {job.seed}): {differ}; pass the options it was trained with "
+                    "(--task-a, --runs, --model, --lr, --stage1-iterations, --seeds), or "
+                    "train stage 1 again without --stage1-from"
+                )
+            last = Path(final_adapter(folder)).parent.name
+            if last != f"iter-{self.stage1_iterations - 1:06d}":
+                raise ValueError(f"stage1_from: {folder} ends at {last}, not at iteration "
+                                 f"{self.stage1_iterations - 1}; pass its --stage1-iterations")  # fmt: skip
+            out.append((job, folder))
+        return out
+
+    def tasks_used(self) -> dict[str, int]:
+        """The held-out task counts the runs use: ``eval_tasks`` and ``pass_tasks`` capped at
+        the size of each task's ``test`` split."""
+        a, b = held_out_size(self.pair.a), held_out_size(self.pair.b)
+        return {
+            "eval_tasks_a": min(self.eval_tasks, a),
+            "eval_tasks_b": min(self.eval_tasks, b),
+            "pass_tasks_a": min(self.pass_tasks, a),
+        }
+
+    def record(self) -> dict[str, Any]:
+        """The experiment as plain data (``plan.json``; the summary's ``pair`` and
+        ``settings``)."""
+        settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(self).items()
+                    if k not in ("pair", "pair_name")}  # fmt: skip
+        settings |= {"runs": [run.text for run in self.runs],
+                     "stage2_algo": self.stage2_algo.text}  # fmt: skip
+        pair = self.pair
+        return {
+            "pair": {
+                "name": self.pair_name,
+                "a": asdict(pair.a),
+                "b": asdict(pair.b),
+                "why": pair.why,
+            },  # fmt: skip
+            "settings": settings,
+        }
 
     def stage1_jobs(self) -> list[TrainJob]:
         pair = self.pair
@@ -235,22 +226,11 @@ class Plan:
     def reused_stage1(self) -> list[dict[str, Any]]:
         """Stage 1's records read from the finished runs under ``stage1_from`` (their last
         checkpoint must be the run's last iteration)."""
-        assert self.stage1_from is not None
         records = []
-        runs = [run for _ in self.seeds for run in self.runs]
-        for job, run in zip(self.stage1_jobs(), runs, strict=True):
-            config, seed = job.config, job.seed
-            # a sequential run's out holds stage1/seedS/RUN, a demo's seedS/RUN
-            nested = (self.stage1_from / "stage1").is_dir()
-            root = self.stage1_from / ("stage1" if nested else ".") / f"seed{seed}"
-            folder = _run_folder(root, Path(config.out).name, run.spec_folder)
-            last = Path(final_adapter(folder)).parent.name
-            if last != f"iter-{self.stage1_iterations - 1:06d}":
-                raise ValueError(f"stage1_from: {folder} ends at {last}, not at iteration "
-                                 f"{self.stage1_iterations - 1}; pass its --stage1-iterations")  # fmt: skip
+        for job, folder in self.stage1_folders():
             wall = sum(r.get("iteration_s", 0.0) for r in _train_rows(folder))
-            records.append({"label": job.label, "seed": seed, "stage": 1,
-                            **run_record(config, folder, wall)})  # fmt: skip
+            records.append({"label": job.label, "seed": job.seed, "stage": 1,
+                            **run_record(job.config, folder, wall)})  # fmt: skip
         return records
 
     def reused_passes(self) -> list[dict[str, Any]]:
@@ -296,13 +276,23 @@ class Plan:
 def run_sequential(plan: Plan) -> dict[str, Any]:
     """Stage 1; each stage-1 run, the moment it ends, continues on B (stage 2) beside its
     pass@k on A. Writes ``summary.json`` and the plots under ``plan.out`` and prints the
-    report. A non-empty ``out`` is refused."""
-    if plan.out.exists() and any(plan.out.iterdir()):
-        raise ValueError(f"{plan.out} is not empty; remove it or pass --out NEW_DIR")
+    report. A non-empty ``out`` is refused, unless ``plan.resume`` continues its experiment:
+    the jobs its journal lists as finished are not run again (``entrogym.experiments.journal``)."""
+    from entrogym.experiments.journal import JobJournal, open_experiment
     from entrogym.models import resolve_model
 
+    open_experiment(plan.out, plan.record(), plan.resume)
+    journal = JobJournal(plan.out)
     start = time.perf_counter()
     resolve_model(plan.model or AGENT.model)  # dequantise the GGUF once, before the workers
+
+    def finished(job: Any) -> dict[str, Any] | None:
+        return journal.get(job_key(job))
+
+    def announce_and_keep(job: Any, result: dict[str, Any]) -> None:
+        announce(job, result)
+        journal.add(job_key(job), result)
+
     reused = plan.reused_passes()
     scored = {(r["label"], r["seed"]) for r in reused}
     base_pass = [] if ("base model", plan.seeds[0]) in scored else [
@@ -327,16 +317,17 @@ def run_sequential(plan: Plan) -> dict[str, Any]:
     if plan.stage1_from is None:
         # each stage-1 run's follow-ups start as soon as it ends
         first = [*plan.stage1_jobs(), *base_pass]
-        results = run_jobs(first, plan.workers, run_sequential_job, announce, then=follow_ups)
+        results = run_jobs(first, plan.workers, run_sequential_job, announce_and_keep,
+                           then=follow_ups, known=finished)  # fmt: skip
         stage1 = [r for r in results if r.get("stage") == 1]
     else:
         stage1 = plan.reused_stage1()
         jobs = [job for r, record in zip(plan.stage1_jobs(), stage1, strict=True)
                 for job in follow_ups(r, record)]  # fmt: skip
-        results = run_jobs(jobs + base_pass, plan.workers, run_sequential_job, announce)
+        results = run_jobs(jobs + base_pass, plan.workers, run_sequential_job,
+                           announce_and_keep, known=finished)  # fmt: skip
     results = reused + results
     summary = summarize(plan, stage1, results, time.perf_counter() - start)
-    plan.out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(plan.out / "summary.json", json.dumps(summary, indent=2) + "\n")
     from entrogym.experiments.sequential_report import plot_sequential, report
 
@@ -344,60 +335,3 @@ def run_sequential(plan: Plan) -> dict[str, Any]:
         print(path)
     print(report(summary))
     return summary
-
-
-def summarize(
-    plan: Plan, stage1: list[dict[str, Any]], results: list[dict[str, Any]], wall_s: float
-) -> dict[str, Any]:
-    """``summary.json``: per run and seed, its stage-1 entropy, target, largest excursion,
-    accuracy and pass@k on A, and its stage-2 reward curve, accuracy and area on B."""
-    from entrogym.experiments.report import tracking
-    from entrogym.train.evaluation.target_tracking import filled_targets
-
-    stage2 = {(r["label"], r["seed"]): r for r in results if r.get("stage") == 2}
-    passes = {(r["label"], r["seed"]): r["pass_at_k"] for r in results if "pass_at_k" in r}
-    runs = []
-    for one in stage1:
-        key, two = (one["label"], one["seed"]), stage2[(one["label"], one["seed"])]
-        target = filled_targets(one["entropy_target"], one["entropy_tracked"])
-        runs.append({
-            "label": one["label"],
-            "seed": one["seed"],
-            "stage1": {
-                # the entropy the controller tracked, in its target's terms (the plot's band)
-                "entropy": one["entropy_tracked"],
-                "entropy_sampled": one["entropy"],
-                "entropy_target": target,
-                "controlled": one["controlled"],
-                "max_excursion": tracking(one)["max_excursion"],
-                "reward": one["reward"],
-                "accuracy": one["accuracy_after"],
-                "pass_at_k": passes[key],
-                "folder": one["folder"],
-            },
-            "stage2": {
-                "reward": two["reward"],
-                "entropy": two["entropy"],
-                "accuracy_first": two["accuracy_first"],
-                "accuracy": two["accuracy_after"],
-                "accuracy_curve": two["accuracy_curve"],
-                "accuracy_late": late_accuracy(two["accuracy_curve"], plan.stage2_iterations),
-                "area": stage_area(two["reward"]),
-                "folder": two["folder"],
-            },
-            "wall_s": one["wall_s"] + two["wall_s"],
-        })  # fmt: skip
-    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(plan).items()
-                if k not in ("pair", "pair_name")}  # fmt: skip
-    settings |= {"runs": [run.text for run in plan.runs], "stage2_algo": plan.stage2_algo.text}
-    pair = plan.pair
-    return {
-        "held": plan.runs[-1].label,
-        "pair": {"name": plan.pair_name, "a": asdict(pair.a), "b": asdict(pair.b), "why": pair.why},
-        "settings": settings,
-        "base": {"pass_at_k": passes.get(("base model", plan.seeds[0]))},
-        "runs": runs,
-        "wall_s": wall_s,
-        # the day it finished: the demo's report shows the newest recorded result
-        "date": time.strftime("%Y-%m-%d"),
-    }

@@ -37,6 +37,8 @@ def goals(summary: dict[str, Any]) -> dict[str, Any]:
             "stage2_late_gain": _diff(h["stage2"].get("accuracy_late"),
                                       g["stage2"].get("accuracy_late")),
         })  # fmt: skip
+    measured16 = all("16" in by[(label, c["seed"])]["stage1"]["pass_at_k"]
+                     for c in checks for label in (held, "grpo"))  # fmt: skip
     gains = [c["stage2_gain"] for c in checks if c["stage2_gain"] is not None]
     mean_gain = sum(gains) / len(gains) if gains else None
     late = [c["stage2_late_gain"] for c in checks if c["stage2_late_gain"] is not None]
@@ -46,11 +48,20 @@ def goals(summary: dict[str, Any]) -> dict[str, Any]:
         and all(g > 0 for g in gains),
         "stage2_mean_gain": mean_gain,
         "stage2_late_mean_gain": sum(late) / len(late) if late else None,
-        "pass16": bool(checks) and all(
+        # None: pass@16 was not measured (fewer than 16 samples per task), so neither met nor not
+        "pass16": None if not checks or not measured16 else all(
             c["pass16_gain"] is not None and c["pass16_gain"] >= PASS_MARGIN for c in checks
         ),
         "tracking": bool(checks) and all(c["max_excursion"] <= BAND for c in checks),
     }  # fmt: skip
+
+
+def _verdict(met: bool | None, samples: int | None) -> str:
+    """``met``, ``NOT met``, or for a pass@k never measured, ``not measured`` and why."""
+    if met is None:
+        fewer = f": --pass-samples {samples} < 16" if samples is not None and samples < 16 else ""
+        return f"not measured{fewer}"
+    return "met" if met else "NOT met"
 
 
 def _diff(a: float | None, b: float | None) -> float | None:
@@ -88,6 +99,7 @@ def report(summary: dict[str, Any]) -> str:
         )
     result = goals(summary)
     held = summary["held"]
+    samples = summary.get("settings", {}).get("pass_samples")
     mean = result["stage2_mean_gain"]
     seeds = len(result["checks"])
     lines += [
@@ -95,7 +107,7 @@ def report(summary: dict[str, Any]) -> str:
         f"goals ({held} against grpo, on each of {seeds} seed(s); the experiment asks for 3):",
         f"  stage 2: accuracy on B >= grpo's + {STAGE2_MARGIN:.2f} (mean), higher on every seed: "
         f"{'met' if result['stage2'] else 'NOT met'} (mean gain {_f(mean)})",
-        f"  pass@16 on A >= grpo's + {PASS_MARGIN:.2f}: {'met' if result['pass16'] else 'NOT met'}",
+        f"  pass@16 on A >= grpo's + {PASS_MARGIN:.2f}: {_verdict(result['pass16'], samples)}",
         f"  entropy within +-{BAND:.0%} of its target from the 3rd iteration on: "
         f"{'met' if result['tracking'] else 'NOT met'}",
     ]

@@ -19,8 +19,8 @@ import pytest
 
 from entrogym.cli import main
 from entrogym.commands.demo_runs import parse_run
-from entrogym.demo.sequential import PAIRS, Plan, Task, TaskPair, summarize
-from entrogym.demo.sequential_report import goals, report
+from entrogym.experiments.sequential import PAIRS, Plan, Task, TaskPair, summarize
+from entrogym.experiments.sequential_report import goals, report
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["--model", "tiny-random-llama", "--stage1-iterations", "2", "--stage2-iterations", "2",
@@ -31,7 +31,7 @@ HELD = "held=grpo --algo.lever entropy-bonus --algo.controller paper"
 @pytest.fixture
 def no_run(monkeypatch):
     """Reaching the experiment's run means the input was accepted."""
-    import entrogym.demo.sequential as sequential
+    import entrogym.experiments.sequential as sequential
 
     def refuse(plan):
         raise AssertionError("the run started")
@@ -94,7 +94,7 @@ def test_stage1_from_refuses_another_experiments_stage1(
 
 
 def test_stage1_from_takes_its_own_stage1(tmp_path: Path, monkeypatch) -> None:
-    import entrogym.demo.sequential as sequential
+    import entrogym.experiments.sequential as sequential
 
     previous = _finished_stage1(tmp_path / "previous", runs=["grpo", HELD], task_a=ADD1,
                                 model="tiny-random-llama")  # fmt: skip
@@ -159,13 +159,18 @@ def test_a_group_sigterm_is_143_and_one_line(workers: str, tmp_path: Path) -> No
 def test_a_stopped_experiment_resumes_from_its_finished_jobs(
     tmp_path: Path, capsys, monkeypatch
 ) -> None:
-    import entrogym.demo.sequential as sequential
+    import entrogym.experiments.sequential as sequential
 
     real, ran = sequential.run_sequential_job, []
 
     def stage2_fails_once(job):
         ran.append((type(job).__name__, job.label, getattr(job, "stage", None)))
         if getattr(job, "stage", None) == 2 and ran.count(ran[-1]) == 1:
+            from dataclasses import replace
+
+            from entrogym.train.trainer import train
+
+            train(replace(job.config, iterations=1))  # stopped after its first checkpoint
             raise RuntimeError("stopped")
         return real(job)
 
@@ -178,10 +183,21 @@ def test_a_stopped_experiment_resumes_from_its_finished_jobs(
     assert "--resume" in capsys.readouterr().err
     before = list(ran)
     assert main([*argv, "--resume"]) == 0, capsys.readouterr().err
-    again = ran[len(before):]
-    assert again == [("TrainJob", "grpo", 2)], again  # only the unfinished job ran again
+    again = ran[len(before) :]
+    # stage 1 finished before the stop and is not run again; the rest runs once each
+    assert before[0] == ("TrainJob", "grpo", 1) and before[0] not in again, again
+    unfinished = [
+        ("TrainJob", "grpo", 2),
+        ("PassJob", "grpo", None),
+        ("PassJob", "base model", None),
+    ]
+    assert sorted(again, key=str) == sorted(unfinished, key=str), again
     summary = json.loads((out / "summary.json").read_text())
     assert [r["label"] for r in summary["runs"]] == ["grpo"]
     assert len(summary["runs"][0]["stage2"]["reward"]) == 2
+    # the stopped stage-2 run went on from its checkpoint
+    history = Path(summary["runs"][0]["stage2"]["folder"]) / "config_history.jsonl"
+    events = [json.loads(line)["event"] for line in history.read_text().splitlines()]
+    assert events == ["start", "resume"], events
     assert main([*argv, "--resume", "--lr", "0.001"]) == 2  # another experiment
     assert "lr" in capsys.readouterr().err
