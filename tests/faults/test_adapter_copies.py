@@ -8,25 +8,16 @@ from __future__ import annotations
 
 import json
 import shutil
-import struct
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
+from adapter_cli import EVAL, MODEL, TINY, TRAIN, garble_tensors
 
 from entrogym.commands import eval as eval_command
 from entrogym.commands import train as train_command
 from entrogym.train.folder.checkpoint import save_checkpoint
 
-MODEL = "tiny-random-llama"
 RECORD = "entrogym_adapter.json"
-TINY = ["--model", MODEL, "--engine", "hf", "--engine-dtype", "fp32",
-        "--max-response-tokens", "4", "--max-context-tokens", "256",
-        "--on-turn-budget", "step"]  # fmt: skip
-EVAL = ["--env", "entrogym/Arithmetic-v0", "--max-tasks", "1"]
-TRAIN = ["--env", "entrogym/Arithmetic-v0", "--iterations", "1", "--tasks-per-iter", "1",
-         "--samples", "2"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -39,27 +30,6 @@ def shared(tmp_path_factory) -> Path:
     save_checkpoint(root / "run", 1, model=policy, optimizer=None, state={}, base_model=MODEL)
     adapter = root / "run" / "checkpoints" / "iter-000001" / "adapter"
     return Path(shutil.copytree(adapter, root / "shared-adapter"))
-
-
-@pytest.fixture()
-def no_model_loads(monkeypatch) -> Iterator[None]:
-    from transformers import AutoModelForCausalLM
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was loaded before the adapter was checked")
-
-    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", refuse)
-    yield
-
-
-def _garble_tensors(weights: Path) -> None:
-    """Overwrite the tensor bytes with other finite values, keeping the header and the size."""
-    data = bytearray(weights.read_bytes())
-    start = 8 + struct.unpack("<Q", bytes(data[:8]))[0]
-    count = (len(data) - start) // 4
-    garbage = (torch.rand(count, generator=torch.Generator().manual_seed(1)) - 0.5).numpy()
-    data[start : start + 4 * count] = garbage.tobytes()
-    weights.write_bytes(bytes(data))
 
 
 def test_an_adapter_folder_carries_its_checksums_and_base_model(shared: Path) -> None:
@@ -99,7 +69,7 @@ def test_an_altered_copy_is_refused_in_one_line(
     copy = Path(shutil.copytree(shared, tmp_path / "copy"))
     weights = copy / "adapter_model.safetensors"
     if damage == "garbled":
-        _garble_tensors(weights)
+        garble_tensors(weights)
     elif damage == "truncated":
         weights.write_bytes(weights.read_bytes()[:-4])
     else:  # another LoRA alpha: the same tensors would mean another policy

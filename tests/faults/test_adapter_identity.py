@@ -9,25 +9,15 @@ from __future__ import annotations
 
 import json
 import shutil
-import struct
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
+from adapter_cli import EVAL, MODEL, TINY, TRAIN, garble_tensors
 
 from entrogym.commands import eval as eval_command
 from entrogym.commands import train as train_command
 from entrogym.models import resolve_model
 from entrogym.train.folder.checkpoint import save_checkpoint
-
-MODEL = "tiny-random-llama"
-TINY = ["--model", MODEL, "--engine", "hf", "--engine-dtype", "fp32",
-        "--max-response-tokens", "4", "--max-context-tokens", "256",
-        "--on-turn-budget", "step"]  # fmt: skip
-EVAL = ["--env", "entrogym/Arithmetic-v0", "--max-tasks", "1"]
-TRAIN = ["--env", "entrogym/Arithmetic-v0", "--iterations", "1", "--tasks-per-iter", "1",
-         "--samples", "2", "--early-stop-min-per-task", "2"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -41,31 +31,9 @@ def run(tmp_path_factory) -> Path:
     return folder
 
 
-@pytest.fixture()
-def no_model_loads(monkeypatch) -> Iterator[None]:
-    """Any load of model weights fails the test."""
-    from transformers import AutoModelForCausalLM
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was loaded before the adapter was checked")
-
-    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", refuse)
-    yield
-
-
 def _copy_run(run: Path, to: Path) -> Path:
     shutil.copytree(run, to)
     return to
-
-
-def _garble_tensors(weights: Path) -> None:
-    """Overwrite every tensor byte with finite values, keeping the safetensors header."""
-    data = bytearray(weights.read_bytes())
-    start = 8 + struct.unpack("<Q", bytes(data[:8]))[0]
-    count = (len(data) - start) // 4
-    garbage = (torch.rand(count, generator=torch.Generator().manual_seed(0)) - 0.5).numpy()
-    data[start : start + 4 * count] = garbage.tobytes()
-    weights.write_bytes(bytes(data))
 
 
 def _set_base(adapter: Path, base: str) -> None:
@@ -90,7 +58,7 @@ def test_a_checkpoint_adapter_with_garbled_tensors_is_refused(
 ) -> None:
     bad = _copy_run(run, tmp_path / "bad")
     ckpt = bad / "checkpoints" / "iter-000001"
-    _garble_tensors(ckpt / "adapter" / "adapter_model.safetensors")
+    garble_tensors(ckpt / "adapter" / "adapter_model.safetensors")
     rc, err = _eval(["--adapter", str(ckpt / "adapter")], capsys)
     assert rc == 2 and len(err) == 1, err
     assert "sha256" in err[0] and str(ckpt) in err[0] and "another checkpoint" in err[0]
