@@ -20,9 +20,16 @@ from entrogym.agents.agent import LLMAgent, Transcript, TurnEnd
 from entrogym.agents.engines.base import Engine, SamplingParams
 from entrogym.agents.env_workers import EnvWorkers, error_name
 from entrogym.envs.base import env_attr, make_text_env
-from entrogym.envs.contract import check_reply, check_step_reward, check_terminal_reward
+from entrogym.envs.contract import (
+    EnvContractError,
+    check_reply,
+    check_step_reward,
+    check_terminal_reward,
+)
+from entrogym.envs.tools import tools_problem
 
 EnvSource = str | Callable[[], Any]
+_TOOL_COUNTS = ("tool_calls", "tool_errors", "tool_tracebacks")
 
 
 @dataclass
@@ -43,6 +50,17 @@ class EpisodeRun:
     env_s: float = 0.0
     start: float = field(default_factory=time.perf_counter)
     end: float = 0.0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    tool_tracebacks: list[dict[str, Any]] = field(default_factory=list)
+
+    def count_tools(self, info: dict[str, Any]) -> dict[str, Any]:
+        """Add a step's tool counts to the episode's; ``info`` without them."""
+        self.tool_calls += int(info.get("tool_calls") or 0)
+        self.tool_errors += int(info.get("tool_errors") or 0)
+        for trace in info.get("tool_tracebacks") or []:
+            self.tool_tracebacks.append({"turn": int(info.get("turn") or 0), **dict(trace)})
+        return {k: v for k, v in info.items() if k not in _TOOL_COUNTS}
 
     def finish(self, reward: float = 0.0, truncated: bool = False, **info: Any) -> None:
         self.done, self.reward, self.truncated = True, float(reward), truncated
@@ -118,28 +136,35 @@ class Collection:
         t0 = time.perf_counter()
         if self.workers is not None:
             self.workers.warm({r.group_id for r in runs})
-        observations = self._each(self._reset, [(r, seed) for r in runs])
-        for r, observation in zip(runs, observations, strict=True):
-            if observation is not None:
+        starts = self._each(self._reset, [(r, seed) for r in runs])
+        for r, first in zip(runs, starts, strict=True):
+            if first is not None:
+                observation, tools, demonstration = first
                 # a prompt over max_context is a setup error, not the env's: it raises
-                r.transcript = self.agent.start(observation, r.task_id)
+                r.transcript = self.agent.start(observation, r.task_id, tools, demonstration)
         self.env_s += time.perf_counter() - t0
 
-    def _reset(self, r: EpisodeRun, seed: int) -> str | None:
-        """The run's first observation, or None when making or resetting its env failed."""
+    def _reset(self, r: EpisodeRun, seed: int) -> tuple[str, Any, Any] | None:
+        """The run's first observation, its tools and demonstration (reset info of an env with
+        tools), or None when making or resetting its env failed."""
         t0 = time.perf_counter()
         try:
             r.env = self.make_env(r)
             self.env_id = self.env_id or env_id_of(self.source, r.env)
             observation, info = r.env.reset(seed=seed + r.index, options={"task_id": r.task_id})
             check_reply(observation, info)
+            info = dict(info)
+            tools, demonstration = info.pop("tools", None), info.pop("demonstration", None)
+            problem = tools_problem(tools, demonstration)
+            if problem is not None:
+                raise EnvContractError(problem)
         except Exception as e:  # noqa: BLE001  (one broken env must not end the batch)
             r.fail(self.env_id or env_id_of(self.source, r.env), "reset", e)
             return None
         finally:
             r.env_s += time.perf_counter() - t0
         r.info.update(info)
-        return observation
+        return observation, tools, demonstration
 
     def step(self, active: list[EpisodeRun]) -> None:
         """One batched generation call for the running episodes, then the envs of the turns
@@ -167,7 +192,7 @@ class Collection:
         feedback = self._each(self._env_turn, ended)
         for (r, _), observation in zip(ended, feedback, strict=True):
             if observation is not None and not self.agent.add_feedback(r.transcript, observation):
-                self._context_full(r)
+                self._end_early(r, "context")
         self.env_s += time.perf_counter() - t0
         self.stats["steps"] += 1
 
@@ -175,7 +200,7 @@ class Collection:
         """Hand a finished turn's action to the env. Returns the env's answer when the episode
         goes on (the caller appends it), None when it ended."""
         if end.limit == "context":
-            self._context_full(r)
+            self._end_early(r, "context")
             return None
         if end.limit == "turn" and self.agent.on_turn_budget == "truncate":
             r.finish(0.0, truncated=True, truncated_by=end.limit, success=False)
@@ -197,7 +222,7 @@ class Collection:
             return None
         finally:
             r.env_s += time.perf_counter() - t0
-        r.info.update(info)
+        r.info.update(r.count_tools(info))
         if terminated or truncated:
             r.finish(
                 reward,
@@ -205,12 +230,21 @@ class Collection:
                 truncated_by="env" if truncated else None,
             )
             return None
+        max_turns = self.agent.max_turns
+        if (
+            max_turns is not None
+            and r.transcript is not None
+            and r.transcript.num_turns >= max_turns
+        ):
+            self._end_early(r, "max_turns")
+            return None
         return observation
 
-    def _context_full(self, r: EpisodeRun) -> None:
-        """The context window is full: the episode ends with the env's own terminal outcome
-        (``TextEnv.end_episode``: AppWorld runs its evaluator on the world as it is), or as a
-        failure for envs without one."""
+    def _end_early(self, r: EpisodeRun, by: str) -> None:
+        """The context window is full (``by="context"``) or the agent's ``max_turns`` is
+        reached: the episode ends with the env's own terminal outcome (``TextEnv.end_episode``:
+        AppWorld runs its evaluator on the world as it is), or as a failure for envs without
+        one."""
         end = env_attr(r.env, "end_episode")
         reward, info = 0.0, {"success": False}
         if end is not None:
@@ -221,8 +255,8 @@ class Collection:
             except Exception as e:  # noqa: BLE001
                 r.fail(self.env_id, "end_episode", e)
                 return
-        r.info.update(info)
-        r.finish(reward, truncated=True, truncated_by="context", success=bool(info.get("success")))
+        r.info.update(r.count_tools(info))
+        r.finish(reward, truncated=True, truncated_by=by, success=bool(info.get("success")))
 
     def close(self, runs: list[EpisodeRun]) -> None:
         def close_env(r: EpisodeRun) -> None:

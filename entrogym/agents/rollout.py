@@ -19,14 +19,25 @@ episode only. It comes back with reward 0 and ``Episode.error`` (env id, task id
 counted in ``stats["env_errors"]``, its message goes to stderr once, the trainer leaves it out,
 and :func:`check_env_errors` stops a run whose failed share is too high. Env attributes are
 reached with ``env.get_wrapper_attr``, so envs wrapped in Gymnasium wrappers work.
+
+A tool call that goes wrong (an unknown tool, bad arguments, a tool that raises, a turn the
+agent could not parse) is not an env error: the env answers with what went wrong and the
+episode goes on. Each episode counts them (``info["tool_errors"]``, beside
+``info["tool_calls"]``); the tracebacks of tools that raised go to ``tool_error_log`` (a JSON
+lines file in the run folder), not to the console. ``info["end_reason"]`` says what ended an
+episode: ``done``, ``max_turns`` (the env's limit or the agent's), ``turn_budget``,
+``context``, ``error`` or ``cancelled``.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from entrogym.agents.agent import LLMAgent
@@ -151,6 +162,7 @@ def collect_rollouts(
     env_timeout: float | None = None,
     should_stop: Callable[[], bool] | None = None,
     on_progress: Callable[[int], None] | None = None,
+    tool_error_log: str | Path | None = None,
 ) -> Rollouts:
     """Run ``k`` episodes of every task in ``task_ids`` and return them as :class:`Episode`\\ s.
 
@@ -175,6 +187,9 @@ def collect_rollouts(
             returns True the episodes are abandoned and :class:`RolloutsInterrupted` is raised.
         on_progress: told how many episodes have ended (done, failed or cancelled), once the
             envs are reset and after every generation step (a progress bar's count).
+        tool_error_log: a JSON lines file the tracebacks of tools that raised are appended to
+            (one line each, with the env, task and turn); None = kept in the episodes'
+            ``info["tool_tracebacks"]``.
 
     Failed episodes (env errors, see the module docstring) are returned too, with
     ``Episode.error`` set; one whose reset failed has no tokens.
@@ -208,14 +223,43 @@ def collect_rollouts(
                 _cancel_if_early_stop(runs, k, min_done_per_task, min_done_fraction)
     finally:
         collection.close(runs)
-    return _rollouts(runs, collection, keep_cancelled, time.perf_counter() - t_start)
+    if tool_error_log is not None:
+        _log_tool_errors(Path(tool_error_log), runs, collection.env_id)
+    return _rollouts(runs, collection, keep_cancelled, time.perf_counter() - t_start,
+                     keep_tracebacks=tool_error_log is None)  # fmt: skip
+
+
+def _log_tool_errors(path: Path, runs: list[EpisodeRun], env_id: str) -> None:
+    """Append the tracebacks of the tools that raised to ``path``; a file that cannot be
+    written costs the tracebacks (one line on stderr), not the rollouts."""
+    lines = [
+        json.dumps({"env": env_id, "task_id": r.task_id, "episode": r.index, **trace})
+        for r in runs
+        for trace in r.tool_tracebacks
+    ]
+    if not lines:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
+    except OSError as exc:
+        print(f"entrogym: cannot write tool tracebacks to {path}: {exc}", file=sys.stderr)
+    for r in runs:
+        r.tool_tracebacks.clear()
 
 
 def _rollouts(
-    runs: list[EpisodeRun], collection: Collection, keep_cancelled: bool, wall_s: float
+    runs: list[EpisodeRun],
+    collection: Collection,
+    keep_cancelled: bool,
+    wall_s: float,
+    keep_tracebacks: bool = True,
 ) -> Rollouts:
     env_id = collection.env_id or env_id_of(collection.source, None)
-    out = Rollouts(_episode(r, env_id) for r in runs if keep_cancelled or not r.cancelled)
+    out = Rollouts(
+        _episode(r, env_id, keep_tracebacks) for r in runs if keep_cancelled or not r.cancelled
+    )
     failed = [r for r in runs if r.error is not None]
     for r in failed:
         log_env_error_once(r.error_key, r.error or "")
@@ -229,6 +273,8 @@ def _rollouts(
         "env_errors": len(failed),
         "env_error_messages": messages[:10],
         "truncated": sum(r.truncated for r in runs),
+        "tool_calls": sum(r.tool_calls for r in runs),
+        "tool_errors": sum(r.tool_errors for r in runs),
         "mean_reward": sum(e.reward for e in counted) / len(counted) if counted else 0.0,
         "generate_s": generate_s,
         "env_s": collection.env_s,
@@ -238,10 +284,34 @@ def _rollouts(
     return out
 
 
-def _episode(r: EpisodeRun, env_id: str) -> Episode:
+_END_REASONS = {"context": "context", "turn": "turn_budget", "env": "max_turns",
+                "max_turns": "max_turns"}  # fmt: skip
+
+
+def end_reason(r: EpisodeRun) -> str:
+    """What ended the episode (one of :data:`END_REASONS`)."""
+    if r.error is not None:
+        return "error"
+    if r.cancelled:
+        return "cancelled"
+    return _END_REASONS.get(r.info.get("truncated_by") or "", "done")
+
+
+END_REASONS = ("done", "max_turns", "turn_budget", "context", "error", "cancelled")
+
+
+def _episode(r: EpisodeRun, env_id: str, keep_tracebacks: bool = True) -> Episode:
     t = r.transcript
     info = {
         **r.info,
+        "end_reason": end_reason(r),
+        "tool_calls": r.tool_calls,
+        "tool_errors": r.tool_errors,
+        **(
+            {"tool_tracebacks": list(r.tool_tracebacks)}
+            if keep_tracebacks and r.tool_tracebacks
+            else {}
+        ),  # fmt: skip
         "actions": list(t.actions) if t else [],
         "finish_reasons": list(t.finish_reasons) if t else [],
         "timing": {"generate_s": r.generate_s, "env_s": r.env_s, "wall_s": r.end - r.start},
