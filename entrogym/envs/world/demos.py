@@ -9,9 +9,9 @@ templates need an API no demonstration calls (discovery).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from entrogym.envs.tool_env import format_result
 from entrogym.envs.world.apps import Apps, Contact, WorldState
 from entrogym.envs.world.tasks import CATALOG
 
@@ -36,12 +36,7 @@ DEMONSTRATIONS: dict[str, tuple[str, list[tuple[str, dict[str, Any]]]]] = {
         [("add_event", {"title": "standup", "day": "Tuesday"})],
     ),
 }  # fmt: skip
-DEFAULT_DEMONSTRATIONS = ("msg-zoe", "msg-max")
-
-
-def result_text(value: Any) -> str:
-    """A tool's result as the tool message shows it: strings as they are, the rest as JSON."""
-    return value if isinstance(value, str) else json.dumps(value)
+DEFAULT_DEMONSTRATIONS = ("event", "msg-zoe")
 
 
 def demonstration(names: tuple[str, ...] = DEFAULT_DEMONSTRATIONS) -> list[dict[str, Any]]:
@@ -57,6 +52,6 @@ def demonstration(names: tuple[str, ...] = DEFAULT_DEMONSTRATIONS) -> list[dict[
             result = getattr(apps, tool)(**arguments)
             messages.append({"role": "assistant", "content": "",
                              "tool_calls": [{"name": tool, "arguments": arguments}]})  # fmt: skip
-            messages.append({"role": "tool", "content": result_text(result)})
+            messages.append({"role": "tool", "content": format_result(result)})
         messages.append({"role": "assistant", "content": DONE})
     return messages
