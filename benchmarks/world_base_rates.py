@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--decode", default="static-cdf")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write the results as JSON here")
+    p.add_argument("--all-episodes", action="store_true", help="keep every episode's actions")
     args = p.parse_args(argv)
 
     from transformers import AutoTokenizer
@@ -133,10 +134,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             }
             completion = completion_by_sample(episodes, tasks, args.samples, scenario_of)
             summary["all"]["sgc"] = completion["sgc"]
-            summary["examples"] = [
-                {"task": probe.task(e.task_id).instruction, "actions": e.info.get("actions"),
-                 "reward": e.reward} for e in list(episodes)[:: max(1, len(episodes) // 8)]
+            records = [
+                {"task_id": e.task_id, "task": probe.task(e.task_id).instruction,
+                 "actions": e.info.get("actions"), "reward": e.reward,
+                 "end_reason": e.info.get("end_reason")}
+                for e in episodes
             ]  # fmt: skip
+            # two examples per template; every episode with --all-episodes
+            summary["examples"] = [
+                r for t in by_template
+                for r in [x for x in records if probe.task(x["task_id"]).template == t][:2]
+            ]  # fmt: skip
+            if args.all_episodes:
+                summary["episodes"] = records
             results["splits"][split] = summary
             row = {k: summary["all"][k] for k in ("tgc", "sgc", "mean_reward", "mean_turns")}
             print(json.dumps({"split": split, **row, "wall_s": summary["wall_s"]}), flush=True)

@@ -12,6 +12,7 @@ import entrogym  # noqa: F401  (registers the built-in ids)
 from entrogym.envs import check_text_env, make_text_env
 from entrogym.envs.tools import AgentMessage, ToolCall, demonstration_problem
 from entrogym.envs.world.env import WorldEnv
+from entrogym.envs.world.tasks import TRAIN_TEMPLATES
 
 SMALL = {"train_scenarios": 2, "test_scenarios": 1}
 
@@ -26,7 +27,7 @@ def test_registered_and_passes_the_checker() -> None:
         inner = env.unwrapped
         assert isinstance(inner, WorldEnv) and inner.splits == (
             "train", "test_normal", "test_challenge")  # fmt: skip
-        assert len(inner.task_ids("train")) == 2 * 4 * 3
+        assert len(inner.task_ids("train")) == 2 * len(TRAIN_TEMPLATES) * 3
         assert len(inner.task_ids("test_challenge")) == 1 * 3 * 3
         check_text_env(env)
         check_text_env(inner, split="test_challenge", max_tasks=1, seed=3)

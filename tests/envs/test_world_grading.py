@@ -99,6 +99,18 @@ def test_event_order_and_block_checks() -> None:
     assert run(event, [("add_event", {"title": eg.title + " appointment", "day": eg.day})]) == {
         added: False, day: False, "no_collateral": False}  # fmt: skip
 
+    timed = task_of("event_time")
+    (tg,) = timed.goals
+    assert isinstance(tg, EventGoal) and tg.time
+    timed_checks = [f"event_added[{tg.title}]", f"event_day[{tg.title}]", f"event_time[{tg.title}]"]
+    hour = str(int(tg.time[:2])) + tg.time[2:]  # 09:15 written 9:15 is the same time
+    assert run(timed, [("add_event", {"title": tg.title, "day": tg.day, "time": hour})]) == {
+        **dict.fromkeys(timed_checks, True), "no_collateral": True}  # fmt: skip
+    assert run(timed, [("add_event", {"title": tg.title, "day": tg.day})]) == {
+        **dict(zip(timed_checks, (True, True, False), strict=True)), "no_collateral": True}  # fmt: skip
+    assert run(timed, [("add_event", {"title": tg.title, "day": tg.day, "time": "9am"})]) == {
+        **dict.fromkeys(timed_checks, False), "no_collateral": True}  # fmt: skip
+
     buy = task_of("buy")
     (og,) = buy.goals
     assert isinstance(og, OrderGoal) and og.quantity >= 2
@@ -171,6 +183,8 @@ def reference(task: Task, final: WorldState) -> dict[str, bool]:
                     if t == "events" and normalize(r["title"]) == normalize(g.title)]  # fmt: skip
             expected[f"event_added[{g.title}]"] = bool(mine)
             expected[f"event_day[{g.title}]"] = [new[i][1]["day"] for i in mine] == [g.day]
+            if g.time:
+                expected[f"event_time[{g.title}]"] = [new[i][1]["time"] for i in mine] == [g.time]
         elif isinstance(g, OrderGoal):
             mine = [i for i, (t, r) in enumerate(new) if t == "orders" and r["item"] == g.item]
             expected[f"order_placed[{g.item}]"] = bool(mine)
@@ -196,11 +210,13 @@ def random_calls(task: Task, rng: random.Random) -> list[tuple[str, dict]]:
     goal_texts = [g.text for g in task.goals if isinstance(g, MessageGoal)]
     goal_titles = [g.title for g in task.goals if isinstance(g, EventGoal)]
     goal_items = [g.item for g in task.goals if isinstance(g, OrderGoal)]
+    goal_times = [g.time for g in task.goals if isinstance(g, EventGoal) and g.time]
     options = [
         lambda: ("send_message", {"phone": rng.choice(phones),
                                   "text": rng.choice(goal_texts + ["hi"])}),
         lambda: ("add_event", {"title": rng.choice(goal_titles + ["gym"]),
-                               "day": rng.choice(["Monday", "Friday"])}),
+                               "day": rng.choice(["Monday", "Friday"]),
+                               "time": rng.choice(["", "18:00"] + goal_times)}),
         lambda: ("buy", {"item": rng.choice(goal_items + ["mug"]),
                          "quantity": rng.randint(1, 5)}),
         lambda: ("block_contact", {"name": rng.choice(names)}),
@@ -242,6 +258,7 @@ def test_refused_calls_change_nothing() -> None:
         ("send_message", {"phone": "Bob", "text": "x"}),
         ("send_message", {"phone": "555-0101", "text": "  "}),
         ("add_event", {"title": "x", "day": "Someday"}),
+        ("add_event", {"title": "x", "day": "Monday", "time": "25:00"}),
         ("buy", {"item": "spaceship"}),
         ("buy", {"item": "mug", "quantity": 0}),
         ("block_contact", {"name": "Nobody"}),

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 MAX_QUANTITY = 10
 PHONE_PATTERN = re.compile(r"555-\d{4}")
+TIME_PATTERN = re.compile(r"([01]?\d|2[0-3]):[0-5]\d")
 
 
 class WorldError(Exception):
@@ -38,6 +39,7 @@ class Message:
 class Event:
     title: str
     day: str
+    time: str = ""
 
 
 @dataclass(frozen=True)
@@ -109,19 +111,25 @@ class Apps:
         self.state.messages.append(Message(phone, text))
         return "sent"
 
-    def add_event(self, title: str, day: str) -> str:
+    def add_event(self, title: str, day: str, time: str = "") -> str:
         """Add an event to the calendar.
 
         Args:
             title: what the event is.
             day: the day of the week, e.g. Monday.
+            time: the start time, e.g. 14:30 (none by default).
         """
         by_name = {d.casefold(): d for d in DAYS}
         if day.strip().casefold() not in by_name:
             raise WorldError(f"{day!r} is not a day of the week")
         if not title.strip():
             raise WorldError("the title is empty")
-        self.state.events.append(Event(title, by_name[day.strip().casefold()]))
+        time = time.strip()
+        if time and not TIME_PATTERN.fullmatch(time):
+            raise WorldError(f"{time!r} is not a time (they look like 14:30)")
+        if len(time) == 4:
+            time = "0" + time  # 9:15 and 09:15 are one time
+        self.state.events.append(Event(title, by_name[day.strip().casefold()], time))
         return "added"
 
     def buy(self, item: str, quantity: int = 1) -> str:

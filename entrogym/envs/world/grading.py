@@ -35,10 +35,11 @@ class MessageGoal:
 
 @dataclass(frozen=True)
 class EventGoal:
-    """One event titled ``title``, on ``day``."""
+    """One event titled ``title``, on ``day`` (at ``time``, when one is asked for)."""
 
     title: str
     day: str
+    time: str = ""
 
 
 @dataclass(frozen=True)
@@ -87,10 +88,13 @@ def _goal_checks(goal: Goal, initial: WorldState, final: WorldState) -> list[Che
             [e for e in initial.events if normalize(e.title) == title],
             [e for e in final.events if normalize(e.title) == title],
         )
-        return [
+        checks = [
             Check(f"event_added[{goal.title}]", bool(new)),
             Check(f"event_day[{goal.title}]", [e.day for e in new] == [goal.day]),
         ]
+        if goal.time:
+            checks.append(Check(f"event_time[{goal.title}]", [e.time for e in new] == [goal.time]))
+        return checks
     if isinstance(goal, OrderGoal):
         new = _gained(
             [o for o in initial.orders if o.item == goal.item],

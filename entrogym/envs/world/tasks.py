@@ -19,6 +19,7 @@ so a task's content does not depend on how many tasks a split has.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -101,6 +102,11 @@ class _Draw:
         title, day = self.pick(self.pools.titles), self.pick(DAYS)
         return EventGoal(title, day), f"add '{title}' to my calendar on {day}"
 
+    def timed_event(self) -> tuple[EventGoal, str]:
+        goal, text = self.event()
+        time = f"{int(self.rng.integers(8, 20)):02d}:{self.pick(('00', '15', '30', '45'))}"
+        return EventGoal(goal.title, goal.day, time), f"{text} at {time}"
+
     def order(self) -> tuple[OrderGoal, str]:
         item, quantity = self.pick(self.pools.items), int(self.rng.integers(2, 6))
         return OrderGoal(item, quantity), f"buy {quantity} {plural(item)}"
@@ -122,6 +128,11 @@ def _msg(d: _Draw) -> tuple[tuple[Goal, ...], str]:
 
 def _event(d: _Draw) -> tuple[tuple[Goal, ...], str]:
     goal, part = d.event()
+    return (goal,), _sentence(part)
+
+
+def _event_time(d: _Draw) -> tuple[tuple[Goal, ...], str]:
+    goal, part = d.timed_event()
     return (goal,), _sentence(part)
 
 
@@ -153,13 +164,12 @@ def _msg2(d: _Draw) -> tuple[tuple[Goal, ...], str]:
 
 
 Template = Callable[[_Draw], tuple[tuple[Goal, ...], str]]
-TRAIN_TEMPLATES: dict[str, Template] = {"msg": _msg, "event": _event, "buy": _buy,
-                                        "block": _block}  # fmt: skip
+TRAIN_TEMPLATES: dict[str, Template] = {"msg": _msg, "event": _event, "event_time": _event_time,
+                                        "buy": _buy, "block": _block}  # fmt: skip
 CHALLENGE_TEMPLATES: dict[str, Template] = {"event_msg": _event_msg, "buy_msg": _buy_msg,
                                             "msg2": _msg2}  # fmt: skip
 TEMPLATES: dict[str, Template] = {**TRAIN_TEMPLATES, **CHALLENGE_TEMPLATES}
 _SPLIT_CODES = {s: i for i, s in enumerate(SPLITS)}
-_TEMPLATE_CODES = {t: i for i, t in enumerate(TEMPLATES)}
 
 
 def _world(rng: np.random.Generator, pools: Pools) -> WorldState:
@@ -172,15 +182,20 @@ def _world(rng: np.random.Generator, pools: Pools) -> WorldState:
     ]
     d = _Draw(rng, pools, WorldState(contacts=contacts))
     messages = [Message(d.contact().phone, d.pick(pools.texts)) for _ in range(2)]
-    events = [Event(d.pick(pools.titles), d.pick(DAYS)) for _ in range(2)]
+    events = [
+        Event(d.pick(pools.titles), d.pick(DAYS)),
+        Event(d.pick(pools.titles), d.pick(DAYS), "18:00"),
+    ]
     orders = [Order(d.pick(pools.items), int(rng.integers(1, 4)))]
     return WorldState(contacts, messages, events, orders, CATALOG)
 
 
 def scenario_tasks(split: str, template: str, number: int, task_seed: int = 0) -> list[Task]:
     """The :data:`VARIANTS` tasks of scenario ``number`` of ``template`` in ``split``."""
-    rng = np.random.default_rng([task_seed, _SPLIT_CODES[split], _TEMPLATE_CODES[template],
-                                 number])  # fmt: skip
+    # the template's name (not its place in a list) seeds its stream: adding a template
+    # changes no other template's tasks
+    template_code = zlib.crc32(template.encode())
+    rng = np.random.default_rng([task_seed, _SPLIT_CODES[split], template_code, number])
     pools = TRAIN_POOLS if split == "train" else TEST_POOLS
     world = _world(rng, pools)
     scenario = f"{split}-{template}-{number:04d}"
