@@ -121,39 +121,17 @@ def _sentence(*parts: str) -> str:
     return text[0].upper() + text[1:] + "."
 
 
-def _msg(d: _Draw) -> tuple[tuple[Goal, ...], str]:
-    goal, part = d.message()
-    return (goal,), _sentence(part)
+Template = Callable[[_Draw], tuple[tuple[Goal, ...], str]]
 
 
-def _event(d: _Draw) -> tuple[tuple[Goal, ...], str]:
-    goal, part = d.event()
-    return (goal,), _sentence(part)
+def _goals(*parts: Callable[[_Draw], tuple[Goal, str]]) -> Template:
+    """A template whose goals ``parts`` draw in order, asked for in one sentence."""
 
+    def template(d: _Draw) -> tuple[tuple[Goal, ...], str]:
+        drawn = [part(d) for part in parts]
+        return tuple(g for g, _ in drawn), _sentence(*(text for _, text in drawn))
 
-def _event_time(d: _Draw) -> tuple[tuple[Goal, ...], str]:
-    goal, part = d.timed_event()
-    return (goal,), _sentence(part)
-
-
-def _buy(d: _Draw) -> tuple[tuple[Goal, ...], str]:
-    goal, part = d.order()
-    return (goal,), _sentence(part)
-
-
-def _block(d: _Draw) -> tuple[tuple[Goal, ...], str]:
-    goal, part = d.block()
-    return (goal,), _sentence(part)
-
-
-def _event_msg(d: _Draw) -> tuple[tuple[Goal, ...], str]:
-    (event, first), (message, second) = d.event(), d.message()
-    return (event, message), _sentence(first, second)
-
-
-def _buy_msg(d: _Draw) -> tuple[tuple[Goal, ...], str]:
-    (order, first), (message, second) = d.order(), d.message()
-    return (order, message), _sentence(first, second)
+    return template
 
 
 def _msg2(d: _Draw) -> tuple[tuple[Goal, ...], str]:
@@ -163,11 +141,18 @@ def _msg2(d: _Draw) -> tuple[tuple[Goal, ...], str]:
     return goals, f"Send '{first.text}' to {first.name} and to {second.name}."
 
 
-Template = Callable[[_Draw], tuple[tuple[Goal, ...], str]]
-TRAIN_TEMPLATES: dict[str, Template] = {"msg": _msg, "event": _event, "event_time": _event_time,
-                                        "buy": _buy, "block": _block}  # fmt: skip
-CHALLENGE_TEMPLATES: dict[str, Template] = {"event_msg": _event_msg, "buy_msg": _buy_msg,
-                                            "msg2": _msg2}  # fmt: skip
+TRAIN_TEMPLATES: dict[str, Template] = {
+    "msg": _goals(_Draw.message),
+    "event": _goals(_Draw.event),
+    "event_time": _goals(_Draw.timed_event),
+    "buy": _goals(_Draw.order),
+    "block": _goals(_Draw.block),
+}
+CHALLENGE_TEMPLATES: dict[str, Template] = {
+    "event_msg": _goals(_Draw.event, _Draw.message),
+    "buy_msg": _goals(_Draw.order, _Draw.message),
+    "msg2": _msg2,
+}
 TEMPLATES: dict[str, Template] = {**TRAIN_TEMPLATES, **CHALLENGE_TEMPLATES}
 _SPLIT_CODES = {s: i for i, s in enumerate(SPLITS)}
 
