@@ -16,6 +16,7 @@ entrogym/Bandit-v0        tabular softmax bandit lab
 entrogym/AppWorld-v0      AppWorld tasks (multi-turn, tool use)
 entrogym/ReasoningGym-v0  a reasoning-gym dataset or a weighted mix (``reasoning-gym`` extra)
 entrogym/TextArena-v0     a single-player TextArena game, multi-turn (``textarena`` extra)
+entrogym/World-v0         a small AppWorld-shaped world of apps, multi-turn, with tools
 ========================  =====================================================================
 """
 
@@ -64,6 +65,7 @@ _BUILTINS: dict[str, tuple[str, dict]] = {
     "entrogym/AppWorld-v0": ("entrogym.envs.appworld.env:AppWorldEnv", {}),
     "entrogym/ReasoningGym-v0": ("entrogym.envs.reasoning_gym_env:ReasoningGymEnv", {}),
     "entrogym/TextArena-v0": ("entrogym.envs.textarena_env:TextArenaEnv", {}),
+    "entrogym/World-v0": ("entrogym.envs.world.env:WorldEnv", {}),
 }
 
 BUILTIN_ENV_IDS: tuple[str, ...] = tuple(_BUILTINS)

@@ -24,11 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from entrogym.envs.appworld.metrics import (
-    scenario_goal_completion,
-    scenario_id,
-    task_goal_completion,
-)
+from entrogym.envs.appworld.metrics import completion_by_sample, completion_text, scenario_id
 from entrogym.envs.appworld.runtime import appworld_python
 
 EVAL_MAX_TURNS = 50  # AppWorld's evaluation budget
@@ -47,17 +43,7 @@ def evaluation_env_kwargs(samples: int) -> dict[str, Any]:
 
 def appworld_metrics(episodes: Sequence[Any], tasks: Sequence[str], samples: int) -> dict:
     """TGC and SGC per sample index (sample j of every task is one AppWorld run), averaged."""
-    by_task: dict[str, list[bool]] = {t: [] for t in tasks}
-    for e in episodes:
-        by_task.setdefault(e.task_id, []).append(bool(e.info.get("success", False)))
-    runs = []
-    for j in range(samples):
-        # a sample that never ran (its reset failed) counts as not completed
-        runs.append({t: (v[j] if j < len(v) else False) for t, v in by_task.items()})
-    tgc = [task_goal_completion(r) for r in runs]
-    sgc = [scenario_goal_completion(r) for r in runs]
-    return {"tgc": sum(tgc) / len(tgc), "sgc": sum(sgc) / len(sgc), "tgc_runs": tgc,
-            "sgc_runs": sgc}  # fmt: skip
+    return completion_by_sample(episodes, tasks, samples)
 
 
 def task_fields(task_id: str, episodes: Sequence[Any]) -> dict[str, Any]:
@@ -68,11 +54,6 @@ def task_fields(task_id: str, episodes: Sequence[Any]) -> dict[str, Any]:
     }
     fields["scenario_id"] = scenario_id(task_id)
     return fields
-
-
-def completion_text(tgc: float, sgc: float) -> str:
-    """TGC and SGC (fractions) as the printed summary shows them, in percent."""
-    return f"TGC={100 * tgc:.1f}% SGC={100 * sgc:.1f}%"
 
 
 # What ``appworld evaluate EXPERIMENT SPLIT`` does (appworld.evaluator.evaluate_dataset), for an

@@ -1,0 +1,65 @@
+"""benchmarks/world_base_rates.py on a tiny model, through the real rollout path: the counts
+per split and template add up, turns are classified as the call format reads them, and bad
+input is one line before any model loads."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import world_base_rates  # noqa: E402
+
+from entrogym.agents.tool_format import get_tool_format  # noqa: E402
+from entrogym.envs.world.env import WorldEnv  # noqa: E402
+
+
+def test_turn_kinds() -> None:
+    tools, fmt = WorldEnv(train_scenarios=1, test_scenarios=1).tool_schemas, get_tool_format("call")
+    assert world_base_rates.turn_kind('find_contact(name="Amy")', tools, fmt) == "call"
+    assert world_base_rates.turn_kind('buy(item="cup", quantity=2)', tools, fmt) == "call"
+    assert world_base_rates.turn_kind('buy(item="cup", quantity="two")', tools, fmt) == "bad_call"
+    assert world_base_rates.turn_kind('sell(item="cup")', tools, fmt) == "bad_call"
+    assert world_base_rates.turn_kind("find_contact(name=Amy)", tools, fmt) == "bad_call"
+    assert world_base_rates.turn_kind("done", tools, fmt) == "text"
+
+
+def test_a_tiny_model_run_adds_up(tmp_path: Path) -> None:
+    out = tmp_path / "rates.json"
+    report = world_base_rates.main([
+        "--model", "tiny-random-llama", "--scenarios", "1", "--samples", "2",
+        "--max-turns", "2", "--max-turn-tokens", "8", "--decode", "generate",
+        "--templates", "msg", "block", "msg2", "--out", str(out),
+    ])  # fmt: skip
+    assert json.loads(out.read_text()) == report
+    normal, challenge = report["splits"]["test_normal"], report["splits"]["test_challenge"]
+    assert set(normal["templates"]) == {"msg", "block"} and set(challenge["templates"]) == {"msg2"}
+    for split in (normal, challenge):
+        total = split["all"]
+        assert total["episodes"] == sum(t["episodes"] for t in split["templates"].values())
+        assert all(t["episodes"] == 1 * 3 * 2 for t in split["templates"].values())
+        assert total["failed"] == 0 and 1 <= total["mean_turns"] <= 2
+        assert sum(total["turn_kinds"].values()) == pytest.approx(
+            total["mean_turns"] * total["episodes"]
+        )
+        # doing nothing still passes the no-collateral check: every reward is above 0
+        assert 0 < total["mean_reward"] <= 1 and 0 <= total["tgc"] <= total["mean_reward"]
+        assert 0 <= total["sgc"] <= total["tgc"] + 1e-9
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--templates", "nope"], "unknown template(s) ['nope']"),
+        (["--demonstrations", "nope"], "demonstrations must be a list of names"),
+        (["--splits", "dev"], "unknown split 'dev'"),
+    ],
+)
+def test_bad_input_is_one_line(argv: list[str], message: str, capsys) -> None:
+    with pytest.raises(SystemExit) as stop:
+        world_base_rates.main(argv)
+    assert stop.value.code == 2 and message in capsys.readouterr().err.strip().splitlines()[-1]
