@@ -10,6 +10,7 @@ The loop, early stopping and the returned :class:`~entrogym.agents.rollout.Rollo
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +31,8 @@ from entrogym.envs.tools import tools_problem
 
 EnvSource = str | Callable[[], Any]
 _TOOL_COUNTS = ("tool_calls", "tool_errors", "tool_tracebacks")
+# Each collection's episodes get cache keys of their own: (collection number, episode index).
+_COLLECTIONS = itertools.count()
 
 
 @dataclass
@@ -131,6 +134,21 @@ class Collection:
         self.stats: dict[str, Any] = {"steps": 0, "generate_calls": 0, "generated_tokens": 0}
         self.generate_s = self.env_s = 0.0
         self.env_id = source if isinstance(source, str) else ""
+        # an Engine keeps each episode's cache between its turns under the episode's key;
+        # other objects with a generate method (wrappers, test doubles) get no keys
+        self.keyed = isinstance(engine, Engine)
+        self.number = next(_COLLECTIONS)
+        self.kept: set[int] = set()  # episodes the engine may hold a cache for
+
+    def cache_key(self, r: EpisodeRun) -> tuple[str, int, int]:
+        return ("rollout", self.number, r.index)
+
+    def forget_ended(self, runs: list[EpisodeRun]) -> None:
+        """Tell the engine to drop the kept caches of the episodes that ended."""
+        ended = [r for r in runs if r.done and r.index in self.kept]
+        if ended:
+            self.engine.forget([self.cache_key(r) for r in ended])
+            self.kept.difference_update(r.index for r in ended)
 
     def _each(self, fn: Callable[..., Any], items: Sequence[Any]) -> list[Any]:
         """``fn(*item)`` for every item, on the pool's threads when there is one."""
@@ -194,7 +212,12 @@ class Collection:
             )
         t0 = time.perf_counter()
         prompts = [r.transcript.token_ids for r in active]
-        completions = self.engine.generate(prompts, params, self.adapter)
+        if self.keyed:
+            keys = [self.cache_key(r) for r in active]
+            completions = self.engine.generate(prompts, params, self.adapter, cache_keys=keys)
+            self.kept.update(r.index for r in active)
+        else:
+            completions = self.engine.generate(prompts, params, self.adapter)
         dt = time.perf_counter() - t0
         self.generate_s += dt
         self.stats["generate_calls"] += 1
@@ -302,6 +325,10 @@ class Collection:
         r.finish(reward, truncated=True, truncated_by=by, success=bool(info.get("success")))
 
     def close(self, runs: list[EpisodeRun]) -> None:
+        if self.kept:
+            self.engine.forget([self.cache_key(r) for r in runs if r.index in self.kept])
+            self.kept.clear()
+
         def close_env(r: EpisodeRun) -> None:
             # Closing must not hide the episode's result.
             with contextlib.suppress(Exception):

@@ -228,6 +228,7 @@ def collect_rollouts(
             collection.step(active)
             if early_stop:
                 _cancel_if_early_stop(runs, k, min_done_per_task, min_done_fraction)
+            collection.forget_ended(runs)
     finally:
         collection.close(runs)
     if tool_error_log is not None:

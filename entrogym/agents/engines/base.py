@@ -4,6 +4,14 @@ Every engine (in-process vLLM, ``vllm serve`` over HTTP, ``transformers`` genera
 :meth:`Engine.generate` with the same :class:`Completion` objects, so the agent and the rollout
 loop never see which one runs. Ids are never re-tokenized on the way: the ids the engine
 sampled are the ids the trainer scores.
+
+A multi-turn conversation comes back to the engine each turn with its prompt grown by the last
+completion and the env's reply. ``generate``'s optional ``cache_keys`` name each prompt's
+conversation (an episode), so that an engine that keeps key/value caches between calls can
+prefill only what a prompt adds to the ids it already holds for that key (:meth:`Engine.forget`
+frees them). Reuse is decided on the ids alone, never on the key: only the longest common
+prefix of the kept ids and the new prompt is reused, the rest is prefilled, and the
+completions are those of a full prefill, up to floating-point rounding.
 """
 
 from __future__ import annotations
@@ -13,7 +21,7 @@ import json
 import logging
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -145,6 +153,21 @@ class Engine(ABC):
     ) -> list[Completion]:
         """Raise :class:`EngineDied` when the engine process is gone (not for bad input)."""
 
+    def _generate_keyed(
+        self,
+        prompts: list[list[int]],
+        params: list[SamplingParams],
+        adapter: str | None,
+        keys: list[Hashable | None],
+    ) -> list[Completion]:
+        """:meth:`_generate` with each prompt's cache key; engines that keep caches between
+        calls override it. The default keeps nothing."""
+        return self._generate(prompts, params, adapter)
+
+    #: Whether a prompt that extends one the engine saw costs only the prefill of what it adds
+    #: (a cache kept under ``cache_keys``, or vLLM's automatic prefix caching).
+    reuses_prefixes: bool = False
+
     # ----- the public API ----------------------------------------------------------------------
 
     def seeded(self, seed: int) -> contextlib.AbstractContextManager[None]:
@@ -158,12 +181,20 @@ class Engine(ABC):
         prompts: Sequence[Sequence[int]],
         params: SamplingParams | Sequence[SamplingParams],
         adapter: str | os.PathLike | None = None,
+        *,
+        cache_keys: Sequence[Hashable | None] | None = None,
     ) -> list[Completion]:
         """Sample one completion per prompt, with the LoRA ``adapter`` folder (None = base).
 
         ``params`` is one :class:`SamplingParams` for all prompts or one per prompt;
         ``max_tokens`` is lowered to what fits in ``max_model_len``. A prompt that leaves no room
         raises ValueError. If the engine dies it is restarted once; a second death raises.
+
+        ``cache_keys``: one key per prompt (an episode id; None for a prompt of its own) under
+        which an engine that keeps caches between calls keeps the prompt's and its
+        completion's keys and values, for a later prompt under the same key that begins with
+        those ids (the module docstring). Keys must be distinct within a call. Engines
+        without such a cache ignore them.
         """
         if self._closed:
             raise RuntimeError(f"{self.kind} engine is closed; make a new one")
@@ -174,21 +205,32 @@ class Engine(ABC):
         if len(params) != len(batch):
             raise ValueError(f"got {len(batch)} prompts but {len(params)} SamplingParams")
         params = [self._fit(p, len(ids)) for p, ids in zip(params, batch, strict=True)]
+        keys = None if cache_keys is None else self._check_keys(cache_keys, len(batch))
         adapter_path = None if adapter is None else self.check_adapter(adapter)
         if not batch:
             return []
+
+        def run() -> list[Completion]:
+            if keys is None:
+                return self._generate(batch, params, adapter_path)
+            return self._generate_keyed(batch, params, adapter_path, keys)
+
         try:
-            return self._generate(batch, params, adapter_path)
+            return run()
         except EngineDied as first:
             log.warning("%s engine died (%s); restarting it once", self.kind, first)
             self.restart()
             try:
-                return self._generate(batch, params, adapter_path)
+                return run()
             except EngineDied as second:
                 raise RuntimeError(
                     f"the {self.kind} engine for {self.model} died again after a restart: "
                     f"{second}; check its log and the machine's memory"
                 ) from second
+
+    def forget(self, keys: Sequence[Hashable] | None = None) -> None:  # noqa: B027 - optional
+        """Drop what is kept under these cache keys (None: everything kept under any key): a
+        rollout calls it for its episodes as they end. By default nothing is kept."""
 
     def release_caches(self) -> None:  # noqa: B027 - optional: by default nothing to free
         """Free what the engine keeps only to sample faster; the next :meth:`generate`
@@ -227,6 +269,16 @@ class Engine(ABC):
                 f"max_model_len={self.max_model_len}; raise max_model_len or shorten the prompt"
             )
         return ids
+
+    @staticmethod
+    def _check_keys(keys: Sequence[Hashable | None], count: int) -> list[Hashable | None]:
+        keys = list(keys)
+        if len(keys) != count:
+            raise ValueError(f"got {count} prompts but {len(keys)} cache_keys")
+        named = [k for k in keys if k is not None]
+        if len(set(named)) != len(named):
+            raise ValueError("cache_keys must be distinct within one generate call")
+        return keys
 
     def _fit(self, params: SamplingParams, prompt_len: int) -> SamplingParams:
         room = self.max_model_len - prompt_len

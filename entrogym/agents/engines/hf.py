@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -24,41 +24,17 @@ import torch
 from entrogym.agents.engines.adapter_slots import load_into_slot
 from entrogym.agents.engines.base import Completion, Engine, SamplingParams, engine_dtype
 from entrogym.agents.engines.draws import STATIC_DRAWS
+from entrogym.agents.engines.hf_outputs import SampledLogprobs, completions
+from entrogym.agents.engines.hf_sizing import HF_BATCH_BYTES, KEPT_CACHE_BYTES, hf_max_num_seqs
 from entrogym.agents.engines.kinds import DECODE_PATHS
 from entrogym.agents.engines.sampling_copy import adapter_unsupported_reason
 from entrogym.agents.engines.shared_weights import model_on_tensors
 from entrogym.agents.engines.static_decode import StaticDecoder, unsupported_reason
+from entrogym.agents.engines.turn_cache import KeptCaches
 from entrogym.agents.engines.vllm_engine import adapter_key
 
 log = logging.getLogger(__name__)
-
-# What one ``generate`` batch may hold at full context: its KV cache plus its logit buffers.
-# 2 GiB fits 11 SmolLM2-135M sequences of 4096 tokens in fp32, and the demo's 24 of 256 tokens
-# (at most 173) in one batch, as before the bound existed.
-HF_BATCH_BYTES = 2 << 30
-# Logit-sized fp32 rows one decoding step keeps per sequence (logits, warped copies, softmax,
-# the recorded log-softmax), counted generously.
-_LOGIT_BUFFERS = 8
-
-
-def hf_max_num_seqs(model: str, dtype: str, max_model_len: int) -> int:
-    """The default batch of the ``hf`` engine: as many sequences as fit in
-    :data:`HF_BATCH_BYTES` at ``max_model_len`` tokens each (KV cache of every layer plus the
-    logit buffers of a decoding step), at least 1. Read from the model's ``config.json``."""
-    from transformers import AutoConfig
-
-    from entrogym.agents.engines.vllm_local import model_kv_cache_bytes
-
-    kv = model_kv_cache_bytes(
-        model,
-        engine_dtype(dtype),
-        max_num_seqs=1,
-        max_model_len=max_model_len,
-        block_size=1,
-    )
-    config = AutoConfig.from_pretrained(model)
-    vocab = (getattr(config, "text_config", None) or config).vocab_size
-    return max(1, HF_BATCH_BYTES // (kv + _LOGIT_BUFFERS * 4 * vocab))
+__all__ = ["HF_BATCH_BYTES", "KEPT_CACHE_BYTES", "HFEngine", "hf_max_num_seqs"]
 
 
 class HFEngine(Engine):
@@ -74,7 +50,11 @@ class HFEngine(Engine):
     peft's LoRA layers), ``static`` (merged adapter weights and a static KV cache,
     :mod:`~entrogym.agents.engines.static_decode`, for Llama-style models; others fall back to
     ``generate`` with a warning) or ``static-cdf`` (the same, with an inverse-CDF draw: the
-    same distribution, not ``generate``'s tokens under a seed)."""
+    same distribution, not ``generate``'s tokens under a seed); ``keep_cache``: on the static
+    paths, keep each conversation's key/value cache between calls under ``generate``'s
+    ``cache_keys`` (:mod:`~entrogym.agents.engines.turn_cache`), within ``kept_cache_bytes``
+    (None = :data:`KEPT_CACHE_BYTES`), so that a conversation's next turn prefills only the
+    ids it adds; False prefills every prompt whole."""
 
     kind = "hf"
 
@@ -90,6 +70,8 @@ class HFEngine(Engine):
         max_loras: int = 1,
         base_weights: Mapping[str, torch.Tensor] | None = None,
         decode: str = "generate",
+        keep_cache: bool = True,
+        kept_cache_bytes: int | None = None,
     ) -> None:
         super().__init__(model, max_model_len, seed, max_loras, max_num_seqs)
         if decode not in DECODE_PATHS:
@@ -106,7 +88,25 @@ class HFEngine(Engine):
         # static decoders by adapter key (None = the base), the most recently used last
         self._decoders: dict[tuple[str, int] | None, StaticDecoder] = {}
         self._loaded = 0  # adapters loaded so far: names must never repeat
+        self.keep_cache = bool(keep_cache)
+        self._kept = KeptCaches(KEPT_CACHE_BYTES if kept_cache_bytes is None else kept_cache_bytes)
         self._start()
+
+    @property
+    def reuses_prefixes(self) -> bool:  # type: ignore[override]
+        """Whether prompts under a cache key prefill only what they add (the static paths)."""
+        return self.keep_cache and self.decode != "generate"
+
+    @property
+    def kept_cache_stats(self) -> dict[str, int]:
+        """Keyed prompts that reused a kept cache (``hits``), that did not (``misses``), the
+        tokens reused, the conversations kept and the bytes their caches hold."""
+        kept = self._kept
+        return {"hits": kept.hits, "misses": kept.misses, "reused_tokens": kept.reused_tokens,
+                "conversations": len(kept), "bytes": kept.held_bytes()}  # fmt: skip
+
+    def forget(self, keys: Sequence[Hashable] | None = None) -> None:
+        self._kept.forget(keys)
 
     def _start(self) -> None:
         from transformers import AutoModelForCausalLM, GenerationConfig
@@ -128,6 +128,7 @@ class HFEngine(Engine):
         self._model.generation_config = copy.deepcopy(self._gen_config)
         self._adapters.clear()
         self._decoders.clear()
+        self._kept.forget()
         reason = unsupported_reason(self._model.config) if self.decode != "generate" else None
         if reason is not None:
             log.warning(
@@ -169,6 +170,7 @@ class HFEngine(Engine):
         self._model = None
         self._adapters.clear()
         self._decoders.clear()
+        self._kept.forget()
 
     def _select_adapter(self, adapter: str | None) -> Any:
         """The module to sample with: the base model, or a peft model with ``adapter`` active."""
@@ -184,6 +186,7 @@ class HFEngine(Engine):
             if load_into_slot(self._model, adapter, self._adapters[oldest], self.device):
                 name = self._adapters.pop(oldest)
                 self._decoders.pop(oldest, None)
+                self._kept.keep_owners({id(d) for d in self._decoders.values()})
         if name is None:
             self._loaded += 1
             name = f"adapter-{self._loaded}"
@@ -203,22 +206,40 @@ class HFEngine(Engine):
             self._model.delete_adapter(self._adapters.pop(oldest))
         return self._model
 
-    @torch.no_grad()
     def _generate(
         self, prompts: list[list[int]], params: list[SamplingParams], adapter: str | None
+    ) -> list[Completion]:
+        return self._sample(prompts, params, adapter, [None] * len(prompts))
+
+    def _generate_keyed(
+        self,
+        prompts: list[list[int]],
+        params: list[SamplingParams],
+        adapter: str | None,
+        keys: list[Hashable | None],
+    ) -> list[Completion]:
+        return self._sample(prompts, params, adapter, keys)
+
+    @torch.no_grad()
+    def _sample(
+        self,
+        prompts: list[list[int]],
+        params: list[SamplingParams],
+        adapter: str | None,
+        keys: list[Hashable | None],
     ) -> list[Completion]:
         from peft import PeftModel
 
         if self.decode != "generate":
             decoder = self._static_decoder(adapter)
             if decoder is not None:
-                return self._generate_all(self._static_batch(decoder), prompts, params)
+                return self._generate_all(self._static_batch(decoder), prompts, params, keys)
         model = self._select_adapter(adapter)
         # LoRA layers live inside the base modules: the base model needs them switched off.
         off = adapter is None and isinstance(model, PeftModel)
         with model.disable_adapter() if off else contextlib.nullcontext():
             return self._generate_all(
-                lambda ids, ps: self._generate_batch(model, ids, ps), prompts, params
+                lambda ids, ps, _keys: self._generate_batch(model, ids, ps), prompts, params, keys
             )
 
     def _static_decoder(self, adapter: str | None) -> StaticDecoder | None:
@@ -246,23 +267,30 @@ class HFEngine(Engine):
         return decoder
 
     def release_caches(self) -> None:
-        """Drop every merged copy of the weights (with its KV cache): one model's worth of
-        memory per adapter version held. In a synchronous run the next rollouts sample a new
-        version, so nothing is merged twice."""
+        """Drop every merged copy of the weights (with its KV caches, those kept between calls
+        too): one model's worth of memory per adapter version held. In a synchronous run the
+        next rollouts sample a new version, so nothing is merged twice."""
         self._decoders.clear()
+        self._kept.forget()
 
     def _drop_decoders(self, keep: int) -> None:
-        """Keep the ``keep`` most recently used adapters' decoders (and the base's)."""
+        """Keep the ``keep`` most recently used adapters' decoders (and the base's); the caches
+        kept by the others go with them (another version's keys and values)."""
         adapters = [k for k in self._decoders if k is not None]
         for oldest in adapters[: max(0, len(adapters) - keep)]:
             del self._decoders[oldest]
+        self._kept.keep_owners({id(d) for d in self._decoders.values()})
 
     def _static_batch(self, decoder: StaticDecoder) -> Callable[..., list[Completion]]:
-        def run(prompts: list[list[int]], params: list[SamplingParams]) -> list[Completion]:
+        def run(
+            prompts: list[list[int]], params: list[SamplingParams], keys: list[Hashable | None]
+        ) -> list[Completion]:
             p = params[0]
             stops = [] if p.ignore_eos else sorted(set(self._eos) | set(p.stop_token_ids))
             if p.seed is not None:
                 torch.manual_seed(p.seed)
+            keep = self.keep_cache and any(k is not None for k in keys)
+            kept = [self._kept.get(k, id(decoder)) for k in keys] if keep else None
             new, logprobs = decoder.sample(
                 prompts,
                 p,
@@ -270,16 +298,36 @@ class HFEngine(Engine):
                 stops,
                 self._pad,
                 draw=STATIC_DRAWS[self.decode],
+                kept=kept,
             )
-            return _completions(new, logprobs, params, stops)
+            out = completions(new, logprobs, params, stops)
+            if keep:
+                self._keep_rows(decoder, keys, prompts, out)
+            return out
 
         return run
 
+    def _keep_rows(
+        self,
+        decoder: StaticDecoder,
+        keys: list[Hashable | None],
+        prompts: list[list[int]],
+        completions: list[Completion],
+    ) -> None:
+        """Remember each keyed row of ``decoder``'s last call for its key's next turn."""
+        for row, (key, prompt, c) in enumerate(zip(keys, prompts, completions, strict=True)):
+            if key is not None:
+                self._kept.count(decoder.reused(row))
+                self._kept.put(key, decoder.kept_row(row, prompt, c.token_ids))
+
     def _generate_all(
         self,
-        batch: Callable[[list[list[int]], list[SamplingParams]], list[Completion]],
+        batch: Callable[
+            [list[list[int]], list[SamplingParams], list[Hashable | None]], list[Completion]
+        ],
         prompts: list[list[int]],
         params: list[SamplingParams],
+        keys: list[Hashable | None],
     ) -> list[Completion]:
         size = self.max_num_seqs
         # One generate call per distinct set of sampling settings (max_tokens aside).
@@ -295,7 +343,9 @@ class HFEngine(Engine):
             ):
                 group.append(order[start + len(group)])
             start += len(group)
-            done = batch([prompts[i] for i in group], [params[i] for i in group])
+            done = batch(
+                [prompts[i] for i in group], [params[i] for i in group], [keys[i] for i in group]
+            )
             results.update(zip(group, done, strict=True))
         return [results[i] for i in range(len(prompts))]
 
@@ -330,54 +380,7 @@ class HFEngine(Engine):
             generation_config=config,
             logits_processor=LogitsProcessorList([recorder]),
         )
-        return _completions(sequences[:, width:], recorder.finish(sequences), params, stops)
-
-
-def _completions(
-    new: torch.Tensor, logprobs: torch.Tensor, params: list[SamplingParams], stops: list[int]
-) -> list[Completion]:
-    """One completion per row of the generated ids ``new`` [B, steps] and their log-probs:
-    cut at the row's ``max_tokens`` and after its first stop token (kept)."""
-    new, logprobs = new.cpu(), logprobs.cpu()
-    completions = []
-    for row, q in enumerate(params):
-        ids = new[row, : q.max_tokens].tolist()
-        cut = next((i + 1 for i, t in enumerate(ids) if t in stops), None)
-        ids = ids[:cut] if cut is not None else ids
-        lp = logprobs[row, : len(ids)].tolist()
-        completions.append(Completion(ids, lp, "stop" if cut is not None else "length"))
-    return completions
-
-
-class SampledLogprobs:
-    """A logits processor that changes nothing and records log_softmax(raw logits)[sampled id].
-
-    ``generate`` calls it once per step with the raw logits (before temperature and top-k/p,
-    which come after user processors) and the ids so far; the id sampled from step t's logits
-    is the last id at step t + 1, so each call settles the previous step and ``finish`` the
-    last. Only one step's log-softmax is kept at a time.
-    """
-
-    def __init__(self) -> None:
-        self._pending: torch.Tensor | None = None  # the previous step's log-softmax [B, V]
-        self._steps: list[torch.Tensor] = []
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        self._settle(input_ids[:, -1:])
-        self._pending = torch.log_softmax(scores.float(), dim=-1)
-        return scores
-
-    def _settle(self, sampled: torch.Tensor) -> None:
-        if self._pending is not None:
-            self._steps.append(self._pending.gather(-1, sampled.to(self._pending.device))[:, 0])
-            self._pending = None
-
-    def finish(self, sequences: torch.Tensor) -> torch.Tensor:
-        """[B, steps] log-probs of the generated ids (``sequences``: prompt + generated)."""
-        self._settle(sequences[:, -1:])
-        if not self._steps:
-            return torch.zeros((sequences.shape[0], 0))
-        return torch.stack(self._steps, dim=1)
+        return completions(sequences[:, width:], recorder.finish(sequences), params, stops)
 
 
 def _settings(p: SamplingParams) -> tuple:

@@ -8,7 +8,8 @@ the adapter is merged into a sampling copy of the weights once per adapter versi
 alpha patterns and ``fan_in_fan_out`` hold), q/k/v and gate/up are each one matmul, the KV
 cache is allocated once for the batch, identical prompts (the K samples of one task) are
 prefilled once and the opening all prompts share once for them all (:func:`shared_prefix`).
-On CPU a one-token step runs on C++ kernels (:mod:`decode_kernel`; the keys are then cached
+A conversation's next turn reuses the keys and values its last call computed (the engine's
+``cache_keys``, :mod:`turn_cache`) and prefills only the ids it adds. On CPU a one-token step runs on C++ kernels (:mod:`decode_kernel`; the keys are then cached
 transposed): per layer, RMSNorm, the rotary embedding with the cache writes and the attention,
 and ``silu(gate) * up`` are one call each, the residual adds ride on the projections' calls,
 fp32 projections stream their weights through a kernel of the decoder's own where the CPU has
@@ -42,6 +43,13 @@ import torch.nn.functional as F
 from entrogym import onednn
 from entrogym.agents.engines import decode_kernel
 from entrogym.agents.engines.base import SamplingParams
+from entrogym.agents.engines.decode_math import (
+    rms_norm,
+    rotate,
+    sampling_warpers,
+    sdpa_step,
+    step_attention,
+)
 from entrogym.agents.engines.draws import inverse_cdf_draw, multinomial_draw
 from entrogym.agents.engines.sampling_copy import (
     Projection,
@@ -49,6 +57,7 @@ from entrogym.agents.engines.sampling_copy import (
     merged_weight,
     shared_kernel_projection,
 )
+from entrogym.agents.engines.turn_cache import Kept, Layers, common_prefix, shared_prefix
 
 
 def unsupported_reason(config: Any) -> str | None:
@@ -63,58 +72,6 @@ def unsupported_reason(config: Any) -> str | None:
     if getattr(config, "pretraining_tp", 1) != 1:
         return "pretraining_tp is not 1"
     return None
-
-
-def step_attention(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
-) -> torch.Tensor:
-    """One decode step's attention, ``softmax(q k^T / sqrt(d), masked) v`` (Vaswani et al.,
-    *Attention Is All You Need*, 2017, eq. 1), as two matmuls and a softmax. ``q`` [B, G, R, d]
-    (each kv head's query group as R rows), ``keys``/``values`` [B, G, T, d], ``mask``
-    [B, 1, 1, T] (True: the key is seen; every row sees at least one).
-
-    At a decode step's shapes on CPU (24 rows, 3 query rows per kv head, 64-wide heads, 80-120
-    keys, 2 threads, fp32) it ran in 111-161 us against 237-248 for
-    ``scaled_dot_product_attention``, whose CPU kernel is built for long query blocks
-    (docs/results.md). It rounds like any fp32 attention; in bf16 it would round the scores to
-    bf16 before the softmax, which that kernel does not, so the decoder uses it in fp32 only."""
-    scores = torch.matmul(q, keys.transpose(-1, -2)) * q.shape[-1] ** -0.5
-    scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.matmul(scores.softmax(-1), values)
-
-
-def sdpa_step(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
-) -> torch.Tensor:
-    """:func:`step_attention` by ``scaled_dot_product_attention`` (bf16, GPUs)."""
-    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-
-
-def rms_norm(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
-    """Llama's RMSNorm (Zhang and Sennrich, *Root Mean Square Layer Normalization*, 2019,
-    eq. 4) with ``norm``'s weight and epsilon, as one fused op (``F.rms_norm``) instead of the
-    module's six: 12 us against 17 at a decode step's 24 rows on CPU."""
-    return F.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding (Su et al., *RoFormer*, 2021, eq. 34) in Llama's rotate-half
-    form, ``x cos + [-x2, x1] sin`` over the last dim of ``x`` [B, T, heads, d]; ``cos`` and
-    ``sin`` [B, T, d]. A step rotates its queries and keys together, in one call."""
-    x1, x2 = x.chunk(2, -1)
-    return x * cos[:, :, None] + torch.cat((-x2, x1), -1) * sin[:, :, None]
-
-
-def shared_prefix(prompts: list[tuple[int, ...]]) -> int:
-    """The length of the prefix every prompt begins with (0 for fewer than two prompts), kept
-    below the shortest prompt's length, so that each prompt has a token of its own to end on."""
-    if len(prompts) < 2:
-        return 0
-    first, limit = prompts[0], min(len(p) for p in prompts) - 1
-    n = 0
-    while n < limit and all(p[n] == first[n] for p in prompts):
-        n += 1
-    return n
 
 
 @dataclass
@@ -201,7 +158,11 @@ class StaticDecoder:
                     down=project(mlp.down_proj),
                 )
             )
-        self._cache: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._cache: Layers = []
+        self._last: tuple[Layers, int] = ([], 0)  # the last call's cache and tokens fed back
+        self._width = self._w0 = 0
+        self._reused: list[int] = []
+        self._from_kept: list[int] = []
 
     # ----- the forward ---------------------------------------------------------------------
 
@@ -275,50 +236,109 @@ class StaticDecoder:
         return k_cache[..., :end].transpose(-1, -2) if self.kernels else k_cache[:, :, :end]
 
     def _prefill(
-        self, prompts: list[list[int]], pad: int, columns: int
+        self, prompts: list[list[int]], kept: list[Kept | None], pad: int, room: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Allocate the cache for ``len(prompts)`` rows of ``columns`` tokens and prefill the
-        prompts, each distinct prompt once. Returns the first step's logits [B, V] and which of
-        the first ``max(len(p))`` columns hold each row's prompt [B, width] (bool).
+        """Allocate the cache for ``len(prompts)`` rows with ``room`` columns past the prompts
+        and prefill them. Returns the first step's logits [B, V] and which of the first
+        :attr:`_width` columns hold each row's prompt [B, width] (bool).
 
-        The prefix every distinct prompt begins with (a system prompt and a chat template's
-        opening, 28 of the demo's 49 tokens) is prefilled once, as one row, into columns
-        ``0:shared`` of every row; each prompt's own tokens follow, left-padded so that every
-        row's prompt ends at column ``width``. Padding is masked and positions count the real
-        tokens only, so each row attends as it would in a cache of its own."""
-        distinct = list(dict.fromkeys(tuple(p) for p in prompts))
-        row_of = {p: i for i, p in enumerate(distinct)}
-        shared = shared_prefix(distinct)
-        width = max(len(p) for p in distinct)
-        ids = torch.full((len(distinct), width), pad, dtype=torch.long)
-        valid = torch.zeros((len(distinct), width), dtype=torch.bool)
-        for row, p in enumerate(distinct):
-            ids[row, :shared], valid[row, :shared] = torch.tensor(p[:shared]), True
-            ids[row, width - len(p) + shared :] = torch.tensor(p[shared:])
-            valid[row, width - len(p) + shared :] = True
-        ids, valid = ids.to(self.device), valid.to(self.device)  # built on the host, moved once
-        # generate's positions: counted over the real tokens, 1 at the padding
-        positions = (valid.long().cumsum(-1) - 1).masked_fill(~valid, 1)
-        causal = torch.ones(width, width, dtype=torch.bool, device=self.device).tril()
-        # padding queries see themselves, so that no row of the softmax is empty
-        eye = torch.eye(width, dtype=torch.bool, device=self.device)
-        mask = ((causal & valid[:, None, :]) | eye)[:, None]
+        A row reuses the keys and values of the longest prefix its prompt shares with its
+        ``kept`` row (:mod:`turn_cache`; at least one token of the prompt is left to prefill);
+        the rows with nothing kept reuse the prefix every one of their distinct prompts begins
+        with (a system prompt and a chat template's opening, 28 of the demo's 49 tokens),
+        prefilled once, as one row. Each row's reused columns are copied in to end at column
+        ``w0`` (the longest reused part), and its own tokens follow, left-padded so that every
+        row's prompt ends at column ``width``; identical rows (the K samples of a task) are
+        prefilled once. Padding is masked and positions count the real tokens only, so each
+        row attends as it would in a cache of its own."""
+        reused = [0] * len(prompts)
+        sources: list[Kept | None] = [None] * len(prompts)
+        for i, (prompt, row) in enumerate(zip(prompts, kept, strict=True)):
+            if row is not None:
+                reused[i] = min(common_prefix(row.ids, prompt), len(prompt) - 1)
+                sources[i] = row if reused[i] else None
+        self._from_kept = list(reused)
+        fresh = list(
+            dict.fromkeys(tuple(p) for p, s in zip(prompts, sources, strict=True) if s is None)
+        )
+        shared = shared_prefix(fresh)
         if shared:
-            self._cache = self._empty_cache(1, columns)
-            self._forward(
-                ids[:1, :shared], positions[:1, :shared], mask[:1, :, :shared, :shared], 0
-            )
-            rows = len(distinct)
-            self._cache = [
-                (k.expand(rows, -1, -1, -1).clone(), v.expand(rows, -1, -1, -1).clone())
-                for k, v in self._cache
-            ]
-        else:
-            self._cache = self._empty_cache(len(distinct), columns)
-        logits = self._forward(ids[:, shared:], positions[:, shared:], mask[:, :, shared:], shared)
-        pick = torch.tensor([row_of[tuple(p)] for p in prompts], device=self.device)
-        self._cache = [(k[pick], v[pick]) for k, v in self._cache]
-        return logits[pick], valid[pick]
+            opening = self._prefill_opening(list(fresh[0][:shared]))
+            for i in range(len(prompts)):
+                if sources[i] is None:
+                    sources[i], reused[i] = opening, shared
+        keys = [(tuple(p), id(s), n) for p, s, n in zip(prompts, sources, reused, strict=True)]
+        first = {key: i for i, key in reversed(list(enumerate(keys)))}
+        rows = sorted(first.values())
+        w0 = max(reused[i] for i in rows)
+        width = w0 + max(len(prompts[i]) - reused[i] for i in rows)
+        self._cache = self._empty_cache(len(rows), width + room)
+        ids = torch.full((len(rows), width - w0), pad, dtype=torch.long)
+        valid = torch.zeros((len(rows), width), dtype=torch.bool)
+        for r, i in enumerate(rows):
+            own = prompts[i][reused[i] :]
+            self._copy_in(r, w0 - reused[i], sources[i], reused[i])
+            valid[r, w0 - reused[i] : w0] = True
+            ids[r, ids.shape[1] - len(own) :] = torch.tensor(own)
+            valid[r, width - len(own) :] = True
+        ids, valid = ids.to(self.device), valid.to(self.device)  # built on the host, moved once
+        block = valid[:, w0:]
+        # generate's positions: counted over the real tokens, 1 at the padding
+        positions = (torch.tensor([reused[i] for i in rows], device=self.device)[:, None]
+                     + block.long().cumsum(-1) - 1).masked_fill(~block, 1)  # fmt: skip
+        ones = torch.ones(width - w0, width, dtype=torch.bool, device=self.device)
+        causal, diagonal = ones.tril(w0), ones.tril(w0) & ~ones.tril(w0 - 1)
+        # padding queries see themselves, so that no row of the softmax is empty
+        mask = ((causal & valid[:, None, :]) | diagonal)[:, None]
+        logits = self._forward(ids, positions, mask, w0)
+        self._width, self._reused, self._w0 = width, reused, w0
+        pick = [rows.index(first[key]) for key in keys]
+        if pick != list(range(len(rows))):
+            index = torch.tensor(pick, device=self.device)
+            self._cache = [(k[index], v[index]) for k, v in self._cache]
+            logits, valid = logits[index], valid[index]
+        return logits, valid
+
+    def _prefill_opening(self, opening: list[int]) -> Kept:
+        """The keys and values of ``opening`` (the prefix fresh prompts share), one row."""
+        self._cache = self._empty_cache(1, len(opening))
+        n = len(opening)
+        ids = torch.tensor([opening], device=self.device)
+        positions = torch.arange(n, device=self.device)[None]
+        mask = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()[None, None]
+        self._forward(ids, positions, mask, 0)
+        return Kept(opening, self._cache, 0, [(0, n)], id(self))
+
+    def _copy_in(self, row: int, start: int, source: Kept | None, count: int) -> None:
+        """Copy the keys and values of ``source``'s first ``count`` tokens into row ``row`` of
+        the cache, at columns ``start:start + count``."""
+        at = start
+        for first, end in source.spans if source is not None else []:
+            take = min(end - first, start + count - at)
+            if take <= 0:
+                break
+            for (k, v), (k_from, v_from) in zip(self._cache, source.layers, strict=True):
+                if self.kernels:  # keys transposed: columns last
+                    k[row, ..., at : at + take] = k_from[source.row, ..., first : first + take]
+                else:
+                    k[row, :, at : at + take] = k_from[source.row, :, first : first + take]
+                v[row, :, at : at + take] = v_from[source.row, :, first : first + take]
+            at += take
+
+    def reused(self, row: int) -> int:
+        """The tokens row ``row`` of the last :meth:`sample` call reused from its kept row."""
+        return self._from_kept[row]
+
+    def kept_row(self, row: int, prompt: list[int], completion: list[int]) -> Kept:
+        """What the last :meth:`sample` call's cache holds of row ``row``: its ``prompt`` and
+        the tokens of its ``completion`` that were fed back (all but a last one that ended
+        the sampling), for :class:`~entrogym.agents.engines.turn_cache.KeptCaches`."""
+        layers, fed = self._last
+        width, reused, w0 = self._width, self._reused[row], self._w0
+        n = min(len(completion), fed)
+        spans = [(w0 - reused, w0)] if reused else []
+        spans.append((width - (len(prompt) - reused), width + n))
+        return Kept(list(prompt) + list(completion[:n]), layers, row, spans, id(self))
 
     def _empty_cache(self, rows: int, columns: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """A zeroed (keys, values) pair per layer for ``rows`` rows of ``columns`` tokens; the
@@ -339,15 +359,19 @@ class StaticDecoder:
         stops: list[int],
         pad: int,
         draw: Callable[[torch.Tensor], torch.Tensor] = multinomial_draw,
+        kept: list[Kept | None] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Sample up to ``max_new`` tokens per prompt with ``params``' temperature, top-k and
         top-p, as ``generate`` does; rows stop at a token in ``stops`` and are padded with
         ``pad`` after. ``draw`` picks one token per row from the processed probabilities
-        (:data:`STATIC_DRAWS`). Returns the new ids [B, steps] and their raw log-probs
+        (:data:`STATIC_DRAWS`). ``kept``: per prompt, the row of an earlier call whose keys
+        and values it may reuse (:meth:`_prefill`); :meth:`kept_row` says what this call's
+        cache holds after. Returns the new ids [B, steps] and their raw log-probs
         [B, steps]."""
-        warp = _warpers(params)
-        width = max(len(p) for p in prompts)
-        logits, prompt_columns = self._prefill(prompts, pad, width + max_new)
+        warp = sampling_warpers(params)
+        kept = kept or [None] * len(prompts)
+        logits, prompt_columns = self._prefill(prompts, kept, pad, max_new)
+        width = self._width
         lengths = torch.tensor([len(p) for p in prompts], device=self.device)
         valid = torch.zeros((len(prompts), width + max_new), dtype=torch.bool, device=self.device)
         valid[:, :width] = prompt_columns
@@ -380,26 +404,6 @@ class StaticDecoder:
             column = width + step
             valid[:, column] = True
             logits = self._step(token, lengths + step, valid, column)
-        self._cache = []
+        # the cache lives on only where kept rows point into it (kept_row)
+        self._last, self._cache = (self._cache, len(tokens) - 1), []
         return torch.stack(tokens, 1), torch.stack(logprobs, 1)
-
-
-def _warpers(params: SamplingParams) -> Any:
-    """``generate``'s sampling processors for ``params``, in its order (temperature, top-k,
-    top-p), left out where they change nothing, as ``generate`` leaves them out."""
-    from transformers import (
-        LogitsProcessorList,
-        TemperatureLogitsWarper,
-        TopKLogitsWarper,
-        TopPLogitsWarper,
-    )
-
-    chain = LogitsProcessorList()
-    if params.temperature > 0:
-        if params.temperature != 1.0:
-            chain.append(TemperatureLogitsWarper(params.temperature))
-        if params.top_k != 0:
-            chain.append(TopKLogitsWarper(top_k=params.top_k))
-        if params.top_p < 1.0:
-            chain.append(TopPLogitsWarper(top_p=params.top_p))
-    return lambda logits: chain(None, logits) if chain else logits
