@@ -13,7 +13,7 @@ import contextlib
 import itertools
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -108,8 +108,9 @@ class Collection:
     """The envs, engine and agent of one :func:`collect_rollouts` call, and its counters.
 
     Env calls (make, reset, step, end_episode) of different episodes run side by side on
-    ``pool`` threads when the envs live in several worker processes; the agent's tokenizer is
-    only used from the calling thread."""
+    ``pool`` threads when the envs live in several worker processes; with
+    :meth:`step_overlapped` env steps run on ``env_pool`` threads while the next generation
+    call runs. The agent's tokenizer is only used from the calling thread."""
 
     def __init__(
         self,
@@ -131,6 +132,9 @@ class Collection:
         self.workers, self.env_timeout = workers, env_timeout
         threads = workers.limits.workers if workers is not None else 1
         self.pool = ThreadPoolExecutor(threads) if threads > 1 else None
+        # env steps beside generation (step_overlapped): side by side as many as the workers
+        self.env_pool = ThreadPoolExecutor(threads, thread_name_prefix="entrogym-env")
+        self.in_env: list[tuple[EpisodeRun, TurnEnd, Future[str | None]]] = []
         self.stats: dict[str, Any] = {"steps": 0, "generate_calls": 0, "generated_tokens": 0}
         self.generate_s = self.env_s = 0.0
         self.env_id = source if isinstance(source, str) else ""
@@ -204,6 +208,40 @@ class Collection:
     def step(self, active: list[EpisodeRun]) -> None:
         """One batched generation call for the running episodes, then the envs of the turns
         that ended."""
+        ended = self._generate(active)
+        t0 = time.perf_counter()
+        self._feedback(ended, self._each(self._env_turn, ended))
+        self.env_s += time.perf_counter() - t0
+        self.stats["steps"] += 1
+
+    def step_overlapped(self, ready: list[EpisodeRun]) -> None:
+        """One batched generation call for ``ready`` while the envs of the turns the previous
+        call ended step in the background; then those episodes rejoin (the next call takes
+        them) and the envs of this call's ended turns start. Which episodes a call holds
+        follows from the completions alone, never from how long an env took, so a seeded
+        rollout samples the same episodes every time."""
+        ended = self._generate(ready) if ready else []
+        started = [(r, end, self.env_pool.submit(self._env_turn, r, end)) for r, end in ended]
+        self.settle()
+        self.in_env = started
+        self.stats["steps"] += bool(ready)
+
+    def settle(self) -> None:
+        """Wait for the env steps in the background and append their feedback."""
+        if not self.in_env:
+            return
+        t0 = time.perf_counter()
+        pending, self.in_env = self.in_env, []
+        feedback = [future.result() for _, _, future in pending]
+        self._feedback([(r, end) for r, end, _ in pending], feedback)
+        self.env_s += time.perf_counter() - t0
+
+    def stepping(self, r: EpisodeRun) -> bool:
+        """Whether ``r``'s env is stepping in the background."""
+        return any(r is other for other, _, _ in self.in_env)
+
+    def _generate(self, active: list[EpisodeRun]) -> list[tuple[EpisodeRun, TurnEnd]]:
+        """One batched generation call; returns the turns that ended."""
         params = []
         for r in active:
             budget = self.agent.turn_budget(r.transcript)
@@ -228,13 +266,15 @@ class Collection:
             end = self.agent.add_completion(r.transcript, c)
             if end is not None:
                 ended.append((r, end))
-        t0 = time.perf_counter()
-        feedback = self._each(self._env_turn, ended)
+        return ended
+
+    def _feedback(
+        self, ended: list[tuple[EpisodeRun, TurnEnd]], feedback: list[str | None]
+    ) -> None:
+        """Append the envs' answers to the episodes that go on (here: the tokenizer)."""
         for (r, _), observation in zip(ended, feedback, strict=True):
             if observation is not None and not self.agent.add_feedback(r.transcript, observation):
                 self._end_early(r, "context")
-        self.env_s += time.perf_counter() - t0
-        self.stats["steps"] += 1
 
     def _env_turn(self, r: EpisodeRun, end: TurnEnd) -> str | None:
         """Hand a finished turn's action to the env. Returns the env's answer when the episode
@@ -325,6 +365,8 @@ class Collection:
         r.finish(reward, truncated=True, truncated_by=by, success=bool(info.get("success")))
 
     def close(self, runs: list[EpisodeRun]) -> None:
+        self.env_pool.shutdown()  # the env steps in the background end before their envs close
+        self.in_env = []
         if self.kept:
             self.engine.forget([self.cache_key(r) for r in runs if r.index in self.kept])
             self.kept.clear()

@@ -1,7 +1,14 @@
-"""Rollout collection: K samples per task, all episodes stepped in lockstep.
+"""Rollout collection: K samples per task, all episodes stepped together.
 
 Every step batches one generation call across all running episodes, then steps the envs whose
-turn ended. Early stopping (paper appendix "Training") is checked after every step: once at
+turn ended. With ``overlap_env`` (the default where envs run in env worker processes) those
+env steps run in the background while the next call generates for the other episodes, and
+their episodes rejoin the call after that: an env's latency is hidden behind generation where
+a call lasts longer than an env step. Which episodes a call holds depends on the completions
+only, not on timings, so a seeded rollout is reproducible either way. Whole turns end every
+running episode's turn in each call, so the overlap comes with ``chunk_tokens``, where turns
+end in different calls. The engine keeps each episode's cache between its calls
+(``Engine.generate``'s ``cache_keys``), so a chunk or a turn prefills only what it adds. Early stopping (paper appendix "Training") is checked after every step: once at
 least ``min_done_per_task`` of the K rollouts of every task and ``min_done_fraction`` of all
 rollouts are done, the rest are cancelled. With ``chunk_tokens`` a turn is generated in chunks
 of that many tokens (a chunk continues from the ids sampled so far, so nothing changes but the
@@ -88,13 +95,20 @@ class RolloutsInterrupted(Exception):
     the episodes in progress were abandoned."""
 
 
+def _early_stop_due(
+    runs: list[EpisodeRun], k: int, min_done_per_task: int, min_done_fraction: float
+) -> bool:
+    """Whether episodes are still running and the early-stopping rule says to cancel them."""
+    if all(r.done for r in runs):
+        return False
+    done = [sum(r.done for r in runs[i : i + k]) for i in range(0, len(runs), k)]
+    return early_stop_reached(done, k, min_done_per_task, min_done_fraction)
+
+
 def _cancel_if_early_stop(
     runs: list[EpisodeRun], k: int, min_done_per_task: int, min_done_fraction: float
 ) -> None:
-    if all(r.done for r in runs):
-        return
-    done = [sum(r.done for r in runs[i : i + k]) for i in range(0, len(runs), k)]
-    if early_stop_reached(done, k, min_done_per_task, min_done_fraction):
+    if _early_stop_due(runs, k, min_done_per_task, min_done_fraction):
         for r in runs:
             if not r.done:
                 r.cancelled = True
@@ -165,6 +179,7 @@ def collect_rollouts(
     on_progress: Callable[[int], None] | None = None,
     tool_error_log: str | Path | None = None,
     turn_rewards: bool = False,
+    overlap_env: bool | None = None,
 ) -> Rollouts:
     """Run ``k`` episodes of every task in ``task_ids`` and return them as :class:`Episode`\\ s.
 
@@ -197,6 +212,10 @@ def collect_rollouts(
             each of its turns was paid (a turn the env never saw earns 0; a reward paid after
             the last turn, by ``end_episode``, counts for it) and its reward is the return,
             their sum, within the env's ``reward_range``. Off: rewards are terminal.
+        overlap_env: step the envs of the turns a generation call ended while the next call
+            runs for the other episodes, which rejoin the call after (the module docstring).
+            None: where the envs run in env worker processes; True: in this process too
+            (its envs are then stepped from a background thread); False: never.
 
     Failed episodes (env errors, see the module docstring) are returned too, with
     ``Episode.error`` set; one whose reset failed has no tokens.
@@ -216,6 +235,7 @@ def collect_rollouts(
     )  # fmt: skip
     try:
         collection.start(runs, seed)
+        overlap = workers is not None if overlap_env is None else overlap_env
         while True:
             if on_progress is not None:
                 on_progress(sum(r.done for r in runs))
@@ -223,10 +243,15 @@ def collect_rollouts(
             # env's processes first) must not count as the env's errors
             if should_stop is not None and should_stop():
                 raise RolloutsInterrupted("rollouts abandoned: the run was asked to stop")
-            if not (active := [r for r in runs if not r.done]):
+            active = [r for r in runs if not r.done and not collection.stepping(r)]
+            if not active and not collection.in_env:
                 break
-            collection.step(active)
-            if early_stop:
+            if overlap:
+                collection.step_overlapped(active)
+            else:
+                collection.step(active)
+            if early_stop and _early_stop_due(runs, k, min_done_per_task, min_done_fraction):
+                collection.settle()  # the envs in the background finish their step first
                 _cancel_if_early_stop(runs, k, min_done_per_task, min_done_fraction)
             collection.forget_ended(runs)
     finally:

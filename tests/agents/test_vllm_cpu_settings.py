@@ -180,8 +180,10 @@ def test_local_server_gets_the_same_sizing(tiny):
     args = ["--dtype", "float32", "--max-model-len", "256"]
     got = local_server_args(tiny, args, 4, None, [])
     want = model_kv_cache_bytes(tiny, "float32", max_num_seqs=4, max_model_len=256)
-    assert got == ["--max-num-seqs", "4", "--kv-cache-memory-bytes", str(want)]
-    mine = ["--max-num-seqs", "2", "--kv-cache-memory-bytes", "123"]
+    assert got == [
+        "--max-num-seqs", "4", "--kv-cache-memory-bytes", str(want), "--enable-prefix-caching"
+    ]  # fmt: skip
+    mine = ["--max-num-seqs", "2", "--kv-cache-memory-bytes", "123", "--no-enable-prefix-caching"]
     assert local_server_args(tiny, args, 4, None, mine) == []  # server_args win
 
 

