@@ -17,6 +17,10 @@ collection. Prints JSON (``bench_report`` builds it; docs/performance.md lists t
 markdown table on stderr: every repetition with the load average it ran at, a repetition more
 than 2x the median of its siblings flagged.
 
+The host (``host_features.py``): the CPU model, its AVX2 / AVX-512 / AVX512-BF16 / AMX flags
+and the kernel each phase took there (the static decoder's projections and step ops, the
+learner's matmuls), printed on stderr and kept under ``host`` in the JSON.
+
 The generation roofline (``roofline.py``): after the runs, a fresh process measures this
 machine's matmul rate and read bandwidth for the synchronous run's sampler dtype, and the
 report gives ``entrogym.generation_roofline_fraction``: the timed iteration's generation
@@ -43,6 +47,7 @@ from pathlib import Path
 
 from bench_common import DEMO, PeakRss, Workload
 from bench_report import build_report, table, timed_index
+from host_features import describe, host_features, phase_kernels
 
 from entrogym.train.config import OLD_LOGPROBS, THREAD_SPLITS
 
@@ -247,9 +252,19 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
     report = build_report(runs, args, work.settings, generation)
+    report["host"] = host_record(args, work.model_dir, runs["entrogym"][0]["engine_dtype"])
+    print(describe(report["host"], report["host"]["kernels"]), file=sys.stderr)
     print(json.dumps(report, indent=1))
     print(table(report), file=sys.stderr)  # for people; stdout stays one JSON document
     return 0
+
+
+def host_record(args: argparse.Namespace, model_dir: str, sampler_dtype: str) -> dict:
+    """The CPU, its features and the kernel each phase took (``host_features``)."""
+    kernels = phase_kernels(model_dir, sampler_dtype) if args.device == "cpu" else {}
+    if args.engine != "hf" and kernels:
+        kernels["generation"] = {"dtype": sampler_dtype, "engine": f"{args.engine} (its own)"}
+    return host_features() | {"kernels": kernels}
 
 
 def progress_line(rep: int, reps: int, name: str, out: dict) -> str:

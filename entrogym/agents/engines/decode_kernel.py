@@ -74,6 +74,41 @@ def supports(device: torch.device, dtype: torch.dtype, per_group: int, head_dim:
     return enabled() and module() is not None
 
 
+def plan(
+    device: torch.device,
+    dtype: torch.dtype,
+    per_group: int,
+    head_dim: int,
+    *,
+    packed: bool | None = None,
+    kernels: bool | None = None,
+) -> dict[str, bool]:
+    """The static decoder's choice of kernels for a model of this shape on ``device`` in
+    ``dtype`` (``packed``/``kernels`` None: wherever they run): ``packed`` (projections
+    packed for oneDNN, :func:`entrogym.onednn.supported`), ``kernels`` (one-token steps on
+    these C++ kernels, :func:`supports`) and ``stream`` (fp32 projections on
+    :func:`linear`, which needs both and AVX-512)."""
+    from entrogym import onednn
+
+    packed = onednn.supported(device, dtype) if packed is None else packed
+    kernels = supports(device, dtype, per_group, head_dim) if kernels is None else kernels
+    stream = packed and kernels and dtype == torch.float32 and linear_supported()
+    return {"packed": packed, "kernels": kernels, "stream": stream}
+
+
+def plan_names(choice: dict[str, bool]) -> dict[str, str]:
+    """:func:`plan`'s choice in words: what runs a decode step's projections and the rest of
+    its ops (norms, rotary embedding, attention, token draw)."""
+    if choice["stream"]:
+        projections = "entrogym decode_linear (fp32, AVX-512 weight streaming)"
+    elif choice["packed"]:
+        projections = "oneDNN linear (weights packed once)"
+    else:
+        projections = "torch matmul (input-major weights)"
+    step = "entrogym C++ step kernels" if choice["kernels"] else "torch ops"
+    return {"projections": projections, "step_ops": step}
+
+
 def attention(
     q: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor, valid: torch.Tensor, end: int
 ) -> torch.Tensor:

@@ -40,7 +40,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from entrogym import onednn
 from entrogym.agents.engines import decode_kernel
 from entrogym.agents.engines.base import SamplingParams
 from entrogym.agents.engines.decode_math import (
@@ -111,20 +110,17 @@ class StaticDecoder:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.embed = lm.model.embed_tokens.weight.detach()
         self.dtype, self.device = self.embed.dtype, self.embed.device
-        if packed is None:
-            packed = onednn.supported(self.device, self.dtype)
         fp32_cpu = self.device.type == "cpu" and self.dtype == torch.float32
         self.step_attention = step_attention if fp32_cpu else sdpa_step
-        if kernels is None:
-            group = (self.heads // self.kv_heads, self.head_dim)
-            kernels = decode_kernel.supports(self.device, self.dtype, *group)
+        group = (self.heads // self.kv_heads, self.head_dim)
+        plan = decode_kernel.plan(self.device, self.dtype, *group, packed=packed, kernels=kernels)
+        #: which kernel each part of a decode step runs on (:func:`decode_kernel.plan_names`)
+        self.kernel_names = decode_kernel.plan_names(plan)
+        packed, kernel = plan["packed"], plan["stream"]
         # the attention kernel reads keys as [d, C] per (row, kv head): 16 keys' scores per load
-        self.kernels = kernels
+        self.kernels = plan["kernels"]
         self.norm = lm.model.norm
         self.rotary = lm.model.rotary_emb
-        # packed fp32 weights on the decoder's own streaming kernel where it runs (AVX-512)
-        kernel = packed and kernels and self.dtype == torch.float32
-        kernel = kernel and decode_kernel.linear_supported()
 
         def project(*mods: torch.nn.Module) -> Projection:
             """The merged projection of ``mods`` stacked, merged and packed in one pass where
