@@ -170,7 +170,7 @@ def test_bf16_decode_steps_match_torchs_ops():
     logits = {}
     for fused, decoder in _decoders(torch.bfloat16).items():
         width, steps = max(len(p) for p in PROMPTS), 6
-        first, prompt_columns = decoder._prefill(PROMPTS, 0, width + steps)
+        first, prompt_columns = decoder._prefill(PROMPTS, [None] * len(PROMPTS), 0, steps)
         valid = torch.zeros(len(PROMPTS), width + steps, dtype=torch.bool)
         valid[:, :width] = prompt_columns
         lengths = torch.tensor([len(p) for p in PROMPTS])
