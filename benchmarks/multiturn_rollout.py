@@ -10,8 +10,10 @@ different points as a real model's do. Modes:
 - ``full``: every turn's prompt prefilled whole (``keep_cache=False``), envs stepped after
   each call (``overlap_env=False``): the loop without either;
 - ``kept``: the cache kept across turns, envs after each call;
-- ``overlap``: the cache kept, envs stepped beside the next call, turns generated in chunks
-  of ``--chunk-tokens`` (the overlap needs turns that end in different calls).
+- ``chunked``: the cache kept, turns generated in chunks of ``--chunk-tokens``, envs after
+  each call;
+- ``overlap``: as ``chunked``, with envs stepped beside the next call (the overlap needs turns
+  that end in different calls, which chunks give).
 
 Each repetition runs every (mode, turns, latency) cell once, in a rotating order (interleaved);
 the report gives each cell's median over ``--reps`` with the load average each ran at, and
@@ -36,6 +38,7 @@ sys.path.insert(0, str(HERE))
 # the env worker processes import multiturn_env from here
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
 
+import multiturn_env  # noqa: E402, F401  (registers Talk-v0 here too)
 from host_features import host_features  # noqa: E402
 
 from entrogym.agents.agent import LLMAgent  # noqa: E402
@@ -43,7 +46,7 @@ from entrogym.agents.engines import SamplingParams, make_engine  # noqa: E402
 from entrogym.agents.rollout import collect_rollouts  # noqa: E402
 from entrogym.models import resolve_model  # noqa: E402
 
-MODES = ("full", "kept", "overlap")
+MODES = ("full", "kept", "chunked", "overlap")
 
 
 def run_cell(args: argparse.Namespace, mode: str, turns: int, latency: float) -> dict:
@@ -65,7 +68,7 @@ def run_cell(args: argparse.Namespace, mode: str, turns: int, latency: float) ->
             "multiturn_env:Talk-v0", [f"talk-{i}" for i in range(args.tasks)], engine, agent,
             k=args.samples, early_stop=False, seed=args.seed,
             env_kwargs={"turns": turns, "latency_ms": latency},
-            chunk_tokens=args.chunk_tokens if mode == "overlap" else None,
+            chunk_tokens=args.chunk_tokens if mode in ("chunked", "overlap") else None,
             overlap_env=mode == "overlap", env_workers=args.env_workers,
         )  # fmt: skip
         wall = time.perf_counter() - t0
@@ -111,19 +114,21 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     cells = [(m, t, lat) for m in args.modes for t in args.turns for lat in args.latency_ms]
-    rows = []
+    rows: list[dict] = []
     for rep in range(args.reps):
         shift = rep % len(cells)
         for mode, turns, latency in cells[shift:] + cells[:shift]:
             row = run_cell(args, mode, turns, latency)
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
-    report = {"host": host_features(), "args": {k: str(v) for k, v in vars(args).items()},
-              "cells": summary(rows), "runs": rows}  # fmt: skip
-    text = json.dumps(report, indent=1)
-    if args.out:
-        args.out.write_text(text)
-    print(text)
+            if args.out:  # after every run: a run cut short keeps what it measured
+                args.out.write_text(json.dumps(report(args, rows), indent=1))
+    print(json.dumps(report(args, rows), indent=1))
+
+
+def report(args: argparse.Namespace, rows: list[dict]) -> dict:
+    return {"host": host_features(), "args": {k: str(v) for k, v in vars(args).items()},
+            "cells": summary(rows), "runs": rows}  # fmt: skip
 
 
 if __name__ == "__main__":

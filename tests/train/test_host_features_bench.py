@@ -76,7 +76,7 @@ def test_multiturn_rollout_reports_each_mode(tmp_path):
     report = json.loads(out.read_text())
     assert report["host"]["cpu_model"]
     modes = {c["mode"]: c for c in report["cells"]}
-    assert set(modes) == {"full", "kept", "overlap"}
+    assert set(modes) == {"full", "kept", "chunked", "overlap"}
     reused = {r["mode"]: r["reused_tokens"] for r in report["runs"]}
     assert reused["full"] == 0 and reused["kept"] > 0 and reused["overlap"] > 0
     assert all(c["generated_tokens"] > 0 for c in report["cells"])

@@ -209,25 +209,13 @@ class HFEngine(Engine):
     def _generate(
         self, prompts: list[list[int]], params: list[SamplingParams], adapter: str | None
     ) -> list[Completion]:
-        return self._sample(prompts, params, adapter, [None] * len(prompts))
-
-    def _generate_keyed(
-        self,
-        prompts: list[list[int]],
-        params: list[SamplingParams],
-        adapter: str | None,
-        keys: list[Hashable | None],
-    ) -> list[Completion]:
-        return self._sample(prompts, params, adapter, keys)
+        return self._generate_keyed(prompts, params, adapter, [None] * len(prompts))
 
     @torch.no_grad()
-    def _sample(
-        self,
-        prompts: list[list[int]],
-        params: list[SamplingParams],
-        adapter: str | None,
+    def _generate_keyed(
+        self, prompts: list[list[int]], params: list[SamplingParams], adapter: str | None,
         keys: list[Hashable | None],
-    ) -> list[Completion]:
+    ) -> list[Completion]:  # fmt: skip
         from peft import PeftModel
 
         if self.decode != "generate":
