@@ -154,7 +154,7 @@ def device_engine(cfg: Any, device: str) -> Any:
 
     if device == "cpu" or resolve_engine_kind(cfg.engine) != "hf":
         return None
-    from entrogym.train.sampler.engine import StalenessBudget
+    from entrogym.train.sampler.adapters import StalenessBudget
 
     versions = StalenessBudget(cfg.max_staleness).versions  # what the trainer's engine holds
     kwargs = cfg.engine_kwargs(seed=cfg.seed, lora_rank=cfg.lora_rank, max_loras=versions)

@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--dtype", default="fp32")
     p.add_argument("--decode", default="static-cdf")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch", type=int, default=48, help="episodes run at once (memory)")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.add_argument("--all-episodes", action="store_true", help="keep every episode's actions")
     args = p.parse_args(argv)
@@ -116,17 +117,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             tasks = [t for t in probe.task_ids(split)
                      if args.templates is None or probe.task(t).template in args.templates]  # fmt: skip
             t0 = time.perf_counter()
-            episodes = collect_rollouts(
-                ENV_ID, tasks, engine, agent, k=args.samples, early_stop=False,
-                sampling=SamplingParams(temperature=args.temperature), seed=args.seed,
-                env_kwargs={**env_kwargs, "split": split}, env_workers=0,
-            )  # fmt: skip
+            episodes: list[Any] = []
+            # the engine holds a batch's caches at once: a bounded batch bounds the memory
+            per_batch = max(1, args.batch // args.samples)
+            for start in range(0, len(tasks), per_batch):
+                episodes += collect_rollouts(
+                    ENV_ID, tasks[start : start + per_batch], engine, agent, k=args.samples,
+                    early_stop=False, sampling=SamplingParams(temperature=args.temperature),
+                    seed=args.seed + start * args.samples,
+                    env_kwargs={**env_kwargs, "split": split}, env_workers=0,
+                )  # fmt: skip
+                print(f"  {split}: {len(episodes)} episodes, "
+                      f"{time.perf_counter() - t0:.0f} s", flush=True)  # fmt: skip
             wall = time.perf_counter() - t0
             by_template: dict[str, list[Any]] = defaultdict(list)
             for e in episodes:
                 by_template[probe.task(e.task_id).template].append(e)
             summary = {
-                "all": summarize(list(episodes), probe.tool_schemas, fmt),
+                "all": summarize(episodes, probe.tool_schemas, fmt),
                 "templates": {
                     t: summarize(es, probe.tool_schemas, fmt) for t, es in by_template.items()
                 },  # fmt: skip
@@ -148,6 +156,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if args.all_episodes:
                 summary["episodes"] = records
             results["splits"][split] = summary
+            if args.out:  # after each split: a long run keeps what it measured
+                atomic_write_text(args.out, json.dumps(results, indent=1) + "\n")
             row = {k: summary["all"][k] for k in ("tgc", "sgc", "mean_reward", "mean_turns")}
             print(json.dumps({"split": split, **row, "wall_s": summary["wall_s"]}), flush=True)
             for name, s in summary["templates"].items():
@@ -156,8 +166,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                       f"well-formed={s['well_formed_call_share']:.3f}", flush=True)  # fmt: skip
     finally:
         engine.close()
-    if args.out:
-        atomic_write_text(args.out, json.dumps(results, indent=1) + "\n")
     return results
 
 

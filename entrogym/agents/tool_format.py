@@ -255,7 +255,9 @@ def _read_call(line: str, order: dict[str, list[str]]) -> ToolCall:
         node = ast.parse(f"f({match.group(2)})", mode="eval").body
     except SyntaxError:
         raise ValueError("its arguments are not valid Python") from None
-    assert isinstance(node, ast.Call)
+    if not isinstance(node, ast.Call):
+        # e.g. `f(a=1) + g(b=2)` or `f(a) or g(b)`: one expression, not one call
+        raise ValueError("write one call per line: tool_name(arg=value)")
     arguments: dict[str, Any] = {}
     if node.args:
         params = order.get(name)

@@ -14,7 +14,7 @@ Registered here: the ``aepo`` lever (coefficient: the temperature; a larger T me
 entropy) and the ``aepo`` controller (the paper's switch). The samples come from the caller:
 before each iteration's update it draws them at ``control.coefficient`` and hands them to the
 lever with :meth:`Aepo.attach` (the bandit lab, ``entrogym.theory.temperature``, and the LLM
-trainer, ``attach_temperature_samples`` in ``entrogym.train.extra_samples``).
+trainer, ``ControlFeed`` in ``entrogym.train.control_feed``).
 """
 
 from __future__ import annotations

@@ -74,6 +74,16 @@ class EntropyControl:
         return self.feedback is not None and self.feedback.estimator == "relative"
 
     @property
+    def probe_request(self) -> int:
+        """How many batches of the initial policy the target averages in, asked of the trainer
+        before the first update (``controller.target_probe``; validated where it is parsed: a
+        controller without a target, or with one in nats, has none). None once an iteration
+        was observed: a resumed run's state holds what the probe measured."""
+        if self.feedback is None or self.history:
+            return 0
+        return self.feedback.target_probe
+
+    @property
     def tracks_input_dependence(self) -> bool:
         """The controller tracks how much the responses depend on the task, not an entropy
         (``controller.estimator: input_dependence``): the trainer measures the mutual

@@ -42,7 +42,6 @@ from entrogym.algos import (
     policy_update,
     token_entropy_from_logits,
 )
-from entrogym.algos.algorithm import target_params
 from entrogym.experiments.lab_config import LabConfig, LabRun, LabSettings
 from entrogym.experiments.lab_report import summarize, write_outputs
 from entrogym.theory.tabular import TabularSoftmaxPolicy, initial_logits
@@ -102,13 +101,14 @@ def _stepper(lab: LabConfig, policy: TabularSoftmaxPolicy, optimizer: torch.opti
 def _probe(
     control: EntropyControl, policy: TabularSoftmaxPolicy, states: torch.Tensor, seed: int
 ) -> list[float]:
-    """The entropy of ``controller.target_probe`` batches of the initial policy, by the
+    """The entropy of the batches of the initial policy the target asks for
+    (``EntropyControl.probe_request``: ``controller.target_probe`` of them), by the
     controller's estimator, drawn from their own generator so the run's samples are those it
     draws without a probe."""
     generator = torch.Generator().manual_seed(seed + 1_000_003)
     entropies = []
     with torch.no_grad():
-        for _ in range(target_params(control.config).target_probe):
+        for _ in range(control.probe_request):
             actions = policy.sample(states, generator)
             score = _scorer(policy, states, actions)
             logprobs, exact = score(torch.arange(len(states)), control.measures_exact)
@@ -159,8 +159,7 @@ def run_one(
     control = EntropyControl(config)
     means = torch.as_tensor(env.reward_means)
     states = torch.arange(lab.n_states).repeat_interleave(lab.samples_per_state)
-    params = target_params(config)
-    if params is not None and params.target_probe:  # a target measured before any push
+    if control.probe_request:  # a target measured before any push
         control.observe_probe(_probe(control, policy, states, seed))
     initial = {
         "entropy": float(policy.state_entropies().mean()),

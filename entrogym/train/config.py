@@ -231,7 +231,7 @@ class TrainConfig(AgentConfig):
                 f"micro_batch_tokens must be >= 1 or null, got {self.micro_batch_tokens}"
             )
         self._check_run_values()
-        self._check_lever_fits()
+        _check_lever_fits(self)
         self._check_learning_values()
         self._check_eval_values()
 
@@ -261,36 +261,6 @@ class TrainConfig(AgentConfig):
             raise ValueError(f"eval_samples must be >= 1, got {self.eval_samples}")
         if self.eval_tasks is not None and self.eval_tasks < 1:
             raise ValueError(f"eval_tasks must be >= 1 or unset, got {self.eval_tasks}")
-
-    def _check_lever_fits(self) -> None:
-        """What the chosen lever needs of the run, refused here rather than at the first loss."""
-        lever = self.algo.lever.name
-        if issubclass(LEVERS.get(lever), Aepo) and self.max_staleness:
-            raise ValueError(
-                f"lever {lever} draws its samples at temperature T from the current weights "
-                f"just before each update, so it runs synchronously only: pass --max-staleness 0 "
-                f"(got {self.max_staleness}) or choose another lever"
-            )
-
-    def _check_old_logprobs(self) -> None:
-        if self.old_logprobs not in OLD_LOGPROBS:
-            raise ValueError(
-                f"old_logprobs must be 'learner' or 'sampler', got {self.old_logprobs!r}"
-            )
-        if self.old_logprobs != "sampler":
-            return
-        if (self.engine, self.engine_dtype) != ("hf", "fp32"):
-            raise ValueError(
-                f"old_logprobs sampler takes the engine's log-probs as the ratio's denominator, "
-                f"measured exact only from the hf engine in fp32 (engine {self.engine!r}, "
-                f"engine_dtype {self.engine_dtype!r}); pass --engine hf --engine-dtype fp32 or "
-                "--old-logprobs learner"
-            )
-        if self.algo.is_correction is not None:
-            raise ValueError(
-                f"algo.is_correction {self.algo.is_correction!r} weighs learner against sampler "
-                "log-probs, which old_logprobs sampler makes equal; drop one of them"
-            )
 
     @property
     def measures_input_dependence(self) -> bool:
@@ -348,7 +318,7 @@ class TrainConfig(AgentConfig):
             raise ValueError(
                 f"max_env_error_fraction must be in [0, 1], got {self.max_env_error_fraction}"
             )
-        self._check_old_logprobs()
+        _check_old_logprobs(self)
         if self.thread_split not in THREAD_SPLITS:
             raise ValueError(
                 f"thread_split must be 'even', 'cost' or 'elastic', got {self.thread_split!r}"
@@ -367,3 +337,35 @@ class TrainConfig(AgentConfig):
     def to_dict(self) -> dict[str, Any]:
         """The config as plain data (``config.yaml``, trackers): the algorithm as its mapping."""
         return {**asdict(self), "algo": algorithm_mapping(self.algo)}
+
+
+def _check_lever_fits(cfg: TrainConfig) -> None:
+    """What the chosen lever needs of the run, refused here rather than at the first loss."""
+    lever = cfg.algo.lever.name
+    if issubclass(LEVERS.get(lever), Aepo) and cfg.max_staleness:
+        raise ValueError(
+            f"lever {lever} draws its samples at temperature T from the current weights "
+            f"just before each update, so it runs synchronously only: pass --max-staleness 0 "
+            f"(got {cfg.max_staleness}) or choose another lever"
+        )
+
+
+def _check_old_logprobs(cfg: TrainConfig) -> None:
+    """``old_logprobs``: a name it knows, and ``sampler`` only where the engine's log-probs are
+    exact and no correction weighs them against the learner's."""
+    if cfg.old_logprobs not in OLD_LOGPROBS:
+        raise ValueError(f"old_logprobs must be 'learner' or 'sampler', got {cfg.old_logprobs!r}")
+    if cfg.old_logprobs != "sampler":
+        return
+    if (cfg.engine, cfg.engine_dtype) != ("hf", "fp32"):
+        raise ValueError(
+            f"old_logprobs sampler takes the engine's log-probs as the ratio's denominator, "
+            f"measured exact only from the hf engine in fp32 (engine {cfg.engine!r}, "
+            f"engine_dtype {cfg.engine_dtype!r}); pass --engine hf --engine-dtype fp32 or "
+            "--old-logprobs learner"
+        )
+    if cfg.algo.is_correction is not None:
+        raise ValueError(
+            f"algo.is_correction {cfg.algo.is_correction!r} weighs learner against sampler "
+            "log-probs, which old_logprobs sampler makes equal; drop one of them"
+        )

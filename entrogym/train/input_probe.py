@@ -11,6 +11,7 @@ scope of their own, so the run's own batches are those it draws without them."""
 
 from __future__ import annotations
 
+import random
 import time
 from typing import Any
 
@@ -26,9 +27,14 @@ from entrogym.algos import (
 from entrogym.train.config import TrainConfig
 from entrogym.train.devices import distributed
 from entrogym.train.devices.distributed import Ranks
+from entrogym.train.folder.rng import iteration_seed
 from entrogym.train.learner.update import Learner
 from entrogym.train.phases import PhaseClock
 from entrogym.train.sampler.engine import Sampler
+
+# The probe draws its fixed tasks as iteration INPUT_PROBE_ITERATION would, and its samples of
+# iteration i as INPUT_PROBE_ITERATION + 1 + i: past any run's own draws.
+INPUT_PROBE_ITERATION = 3 * 10**6
 
 
 def input_probe_due(cfg: TrainConfig, control: EntropyControl, it: int) -> bool:
@@ -67,7 +73,7 @@ def measure_input_dependence(
     if not input_probe_due(cfg, control, it):
         return {}
     t0 = time.perf_counter()
-    batch, stats = distributed.on_main(lambda: sampler.collect_input_probe(it), ranks)
+    batch, stats = distributed.on_main(lambda: probe_samples(sampler, it), ranks)
     phases.add("generation", stats["generate_s"])
     phases.add("env", stats["env_s"])
     metrics = score_input_dependence(learner, batch, sampler.pad_id)
@@ -75,3 +81,19 @@ def measure_input_dependence(
         control.observe_states(metrics["input_dependence"])
     return {**metrics, "input_tasks": batch.n_groups,
             "input_dependence_s": time.perf_counter() - t0}  # fmt: skip
+
+
+def probe_samples(sampler: Sampler, it: int) -> tuple[UpdateBatch, dict[str, Any]]:
+    """Rank 0: the probe's samples of iteration ``it``: ``samples`` rollouts of each of the
+    ``input_dependence_tasks`` probe tasks by the current weights (version ``it``). The tasks
+    are the same every iteration (drawn as iteration ``INPUT_PROBE_ITERATION`` would); the
+    sampling stream and env seeds are iteration ``INPUT_PROBE_ITERATION + 1 + it``'s, in a
+    seeded scope that leaves the engine's stream for the next batch as it was (``hf``)."""
+    cfg = sampler.cfg
+    seed = iteration_seed(cfg.seed, INPUT_PROBE_ITERATION)
+    tasks = random.Random(seed).sample(sampler.tasks, cfg.input_dependence_tasks)
+    draw = INPUT_PROBE_ITERATION + 1 + it
+    stream = sampler.engine.seeded(iteration_seed(cfg.seed, draw))
+    what = f"iteration {it}'s input-dependence probe"
+    return sampler.rollouts(draw, tasks, version=it, adapter=None, temperature=cfg.temperature,
+                            stream=stream, what=what, label="probe samples")  # fmt: skip

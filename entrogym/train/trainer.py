@@ -1,25 +1,32 @@
-"""The RL training recipe: collect -> update (rescoring in fp32) -> hand the adapter over.
+"""The RL training recipe: collect -> advantages -> update (rescoring in fp32) -> publish.
 
 Read :class:`Trainer` top to bottom: setup, then ``iteration`` (the paper's loop, appendix
 "Training"), then the checkpoint. It holds no math of its own (every formula is a named function
-in ``entrogym.algos``) and little state: it drives three parts, each owning one concern:
+in ``entrogym.algos``) and little state: it drives three parts, each owning one concern, and
+one hook:
 
 - ``run`` (:class:`~entrogym.train.run.Run`): the run folder, its lock, resume, checkpoints,
   metrics, trackers and the config history;
-- ``sampler`` (:class:`~entrogym.train.sampler.engine.Sampler`): the rollout engine, the adapters it
-  samples with, the kept weight versions, rollouts (ahead of the update with ``max_staleness``
-  K >= 1: ``entrogym.train.sampler.pipeline``), the target probe's batches and evaluation (the
-  control's own samples, scored by the learner: ``entrogym.train.extra_samples``);
-- ``learner`` (:class:`~entrogym.train.learner.update.Learner`): the policy, optimizer and loss scaler,
-  fp32 scoring and the update's steps.
+- ``sampler`` (:class:`~entrogym.train.sampler.engine.Sampler`): the rollout engine, the adapters
+  it samples with and the kept weight versions (``entrogym.train.sampler.adapters``), rollouts
+  (ahead of the update with ``max_staleness`` K >= 1: ``entrogym.train.sampler.pipeline``) and
+  evaluation;
+- ``learner`` (:class:`~entrogym.train.learner.update.Learner`): the policy, optimizer and loss
+  scaler, fp32 scoring and the update's steps;
+- ``feed`` (:class:`~entrogym.train.control_feed.ControlFeed`): what the entropy control asks
+  for beside the batch (the target probe, the probe states' or the base model's entropy,
+  AEPO's samples at its temperature, the input dependence), called before the first update
+  and before each.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +38,8 @@ from entrogym.agents.rollout import EnvErrorBudgetExceeded, RolloutsInterrupted
 from entrogym.algos import EntropyControl, UpdateBatch
 from entrogym.algos.step_guard import NonFiniteSteps
 from entrogym.train.config import TrainConfig
+from entrogym.train.control_feed import PROBE_ITERATION, ControlFeed
 from entrogym.train.devices import distributed
-from entrogym.train.extra_samples import (
-    attach_temperature_samples,
-    observe_probe_states,
-    probe_target,
-    states_to_dict,
-)
 from entrogym.train.folder.adapter_files import NonFiniteWeights
 from entrogym.train.folder.checkpoint import read_training_state, rng_state, set_rng_state
 from entrogym.train.folder.metrics import summary_line
@@ -45,7 +47,6 @@ from entrogym.train.folder.safety import NothingToDo, RunFileError
 from entrogym.train.folder.state import TrainState
 from entrogym.train.folder.turn_metrics import entropy_by_turn
 from entrogym.train.heap import HeapTrim
-from entrogym.train.input_probe import measure_input_dependence
 from entrogym.train.learner.mismatch import (
     UNMEASURED_MISMATCH,
     sampler_mismatch,
@@ -55,7 +56,7 @@ from entrogym.train.learner.update import Learner
 from entrogym.train.phases import PhaseClock, PhaseHook
 from entrogym.train.progress import progress
 from entrogym.train.run import Run
-from entrogym.train.sampler.engine import PROBE_ITERATION, Sampler, TrainingStopped
+from entrogym.train.sampler.engine import Sampler, TrainingStopped
 from entrogym.train.sampler.pipeline import RolloutPipeline
 from entrogym.train.shutdown import Interrupted, ShutdownRequest, StopNow
 
@@ -114,7 +115,10 @@ class Trainer:
             saved = read_training_state(self.run.resumed_from)
             self.learner.load_optimizer_state(saved["optimizer"])
             set_rng_state(saved["rng"])
-            self.sampler.load_versions(saved.get("sampler_weights"))
+            self.sampler.adapters.load(saved.get("sampler_weights"))
+        # the entropy control's own samples and measurements (after a resume restored the state)
+        self.feed = ControlFeed(self.control, self.sampler, self.learner, self.ranks, self.phases,
+                                self.state)  # fmt: skip
         if self.ranks.main:
             self.run.start_logging(from_iteration=self.state.start)
 
@@ -131,48 +135,144 @@ class Trainer:
         if self._stop_requested():  # a signal during start-up: nothing new to save
             raise self._interrupted(start - 1)
         self.sampler.publish_adapter(start)
-        self.sampler.publish_older_versions(start)
-        probed, batches = probe_target(
-            self.cfg.algo, self.control, self.sampler, self.learner, self.ranks, start
-        )
+        self.sampler.adapters.publish_older(start)
+        probed = self.feed.start(start)  # the target probe, on a fresh run that asks for one
         if probed:
             self.run.say(probed)
-        if self.control.tracks_probe_states and batches:  # a resumed run keeps its states
-            self.state.probe_states = states_to_dict(batches)
         with self.sampler.pipeline(start, self.cfg.iterations, self.phases) as pipeline:
             iterations = range(start, self.cfg.iterations)
             for it in progress(iterations, desc="iterations", unit="iter", enabled=self.ranks.main):
-                self._fit_iteration(it, pipeline)
+                row = self.iteration(it, pipeline=pipeline)
+                self._evaluate_and_save(it, row)
 
-    def _fit_iteration(self, it: int, pipeline: RolloutPipeline) -> None:
-        cfg = self.cfg
-        t0 = time.perf_counter()
-        rng_at_start = rng_state()  # what a checkpoint of it - 1 holds
-        try:
-            collected = distributed.on_main(lambda: pipeline.get(it), self.ranks)
-        except (EnvErrorBudgetExceeded, TrainingStopped):
-            # After a signal, failed episodes are its doing (it may reach an env's own
-            # processes first): a preemption, not an env error. Nothing of it was applied.
-            if not self._stop_requested():
-                raise
-            raise self._interrupted(it - 1, rng=rng_at_start) from None
-        except RolloutsInterrupted:
-            raise self._interrupted(it - 1, rng=rng_at_start) from None
-        try:
-            row = self.iteration(it, collected)
-        except RolloutsInterrupted:  # the aepo lever's samples: nothing applied either
-            raise self._interrupted(it - 1, rng=rng_at_start) from None
+    def iteration(
+        self, it: int, collected: tuple[UpdateBatch, dict[str, Any]] | None = None,
+        pipeline: RolloutPipeline | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
+        """Iteration ``it`` on the weights of version ``it``: collect -> advantages -> update ->
+        publish version ``it + 1``. Returns its metrics row, written to the run even when the
+        adapter could not be published. ``collected``: the batch when it was sampled already;
+        else it comes from ``pipeline`` (``fit``'s) or is sampled now."""
+        t0, rng_at_start = time.perf_counter(), rng_state()  # what a checkpoint of it - 1 holds
+        # 1. Collect: the batch (rank 0, broadcast to a torchrun learner), then what the entropy
+        #    control asks for beside it (``self.feed``).
+        with self._stop_before_update(it, rng_at_start, failed_rollouts=True):
+            if collected is None:
+                collected = distributed.on_main(lambda: self._sample(it, pipeline), self.ranks)
+        batch, stats = self._received(collected)
+        with self._stop_before_update(it, rng_at_start):  # the aepo lever's samples
+            stats |= self.feed.before_update(it, batch)
+        if not self.cfg.max_staleness:  # no rollouts beside the update, and the next ones
+            self.sampler.release_engine_caches()  # sample a new version: its memory is free
+        checks = self.learner.entropy_check(batch)  # --sampler-entropy-check only
+        # 2. Advantages, and the ratio's denominator where the update does not rescore it in
+        #    fp32 itself: the engine's log-probs, or a stale batch's under its sampling versions.
+        t_update = time.perf_counter()
+        batch.compute_advantages(self.algo.advantage)
+        from_sampler = self._old_logprobs(batch, it, it - batch.versions)
+        # 3. The preset's update: entropy control, clipped loss, optimizer steps.
+        metrics = self.learner.update(self.control, batch, it)
+        update_s = time.perf_counter() - t_update
+        row = self._row(it, batch, metrics, stats, checks, from_sampler, update_s)
+        # 4. Publish the weights the next rollouts, evaluation and checkpoint use.
         self.state.iteration = it
         try:
             with self.phases.time("publish"):
-                self.sampler.publish_adapter(it + 1)  # the weights rollouts, eval, checkpoint use
-            pipeline.published(it + 1)
+                self.sampler.publish_adapter(it + 1)
+            if pipeline is not None:
+                pipeline.published(it + 1)
         finally:  # the row is written even when the adapter could not be
-            row["phases_s"] = self.phases.take()
-            row.update(self.sampler.observe_phases(row["phases_s"]))  # an async run's core split
-            row["iteration_s"] = time.perf_counter() - t0
-            row["rollout_wait_s"] = pipeline.wait_s
-            self.run.log(row, it)
+            self._log(it, row, time.perf_counter() - t0, pipeline)
+        return row
+
+    def _sample(self, it: int, pipeline: RolloutPipeline | None) -> tuple[UpdateBatch, dict]:
+        """Rank 0: iteration ``it``'s batch, from the rollout pipeline when there is one."""
+        return pipeline.get(it) if pipeline is not None else self.sampler.collect(it)
+
+    @contextlib.contextmanager
+    def _stop_before_update(
+        self, it: int, rng: dict[str, Any], failed_rollouts: bool = False
+    ) -> Iterator[None]:
+        """Samples abandoned for a stop (``RolloutsInterrupted``) end the run at iteration
+        ``it - 1``, with the RNG states ``rng`` of its end: nothing of ``it`` was applied. With
+        ``failed_rollouts`` so do failed rollouts once a signal came: after a signal, failed
+        episodes are its doing (it may reach an env's own processes first), a preemption, not
+        an env error."""
+        try:
+            yield
+        except (EnvErrorBudgetExceeded, TrainingStopped):
+            if not (failed_rollouts and self._stop_requested()):
+                raise
+            raise self._interrupted(it - 1, rng=rng) from None
+        except RolloutsInterrupted:
+            raise self._interrupted(it - 1, rng=rng) from None
+
+    def _received(self, collected: tuple[UpdateBatch, dict[str, Any]]) -> tuple[UpdateBatch, dict]:
+        """The batch and its rollout statistics, the engine's and the envs' seconds charged
+        to the phases."""
+        batch, stats = collected[0], dict(collected[1])
+        self.phases.add("generation", stats.pop("generate_s"))
+        self.phases.add("env", stats.pop("env_s"))
+        return batch, stats
+
+    def _row(
+        self, it: int, batch: UpdateBatch, metrics: dict[str, Any], stats: dict[str, Any],
+        checks: dict[str, Any], from_sampler: bool, update_s: float,
+    ) -> dict[str, Any]:  # fmt: skip
+        """Iteration ``it``'s metrics row; the run's state counts its skipped steps and
+        entropy, and an iteration without policy-gradient signal is said."""
+        grad_norm = metrics.pop("grad_norm")
+        mismatch = (
+            UNMEASURED_MISMATCH
+            if from_sampler
+            else sampler_mismatch(batch.old_logprobs, batch.sampler_logprobs, batch.mask)
+        )
+        self.state.bad_steps += metrics["skipped_steps"]
+        self.state.cumulative_entropy += metrics["entropy"]
+        n_groups, staleness = batch.n_groups, it - batch.versions
+        if metrics["zero_adv_groups"] == n_groups:
+            self.run.say(
+                f"iteration {it}: all {n_groups} groups have equal rewards within the group; "
+                "no policy-gradient signal this iteration",
+                file=sys.stderr,
+            )
+        return {
+            "iteration": it,
+            "algo": self.algo.name,
+            **metrics,
+            "cumulative_entropy": self.state.cumulative_entropy,
+            **stats,
+            "learner_tokens": int(batch.lengths.sum()),
+            "staleness_mean": float(staleness.float().mean()),
+            "staleness_max": int(staleness.max()),
+            "entropy_by_turn": entropy_by_turn(batch.old_logprobs, batch.mask),
+            "groups": n_groups,
+            "sampler_mismatch": mismatch["mean_abs_diff"],
+            "sampler_mismatch_max": mismatch["max_abs_diff"],
+            "sampler_ratio_outside": mismatch["frac_ratio_outside"],
+            "sampler_nonfinite": mismatch["sampler_nonfinite"],
+            **checks,
+            "update_s": update_s,
+            "grad_norm": grad_norm,
+            "learner_ranks": self.ranks.world,
+        }
+
+    def _log(
+        self, it: int, row: dict[str, Any], seconds: float, pipeline: RolloutPipeline | None
+    ) -> None:
+        """Write iteration ``it``'s row with its timings: the phases, an async run's split of
+        the cores, the whole iteration's ``seconds`` and the wait for its rollouts."""
+        row["phases_s"] = self.phases.take()
+        row.update(self.sampler.observe_phases(row["phases_s"]))  # an async run's core split
+        row["iteration_s"] = seconds
+        row["rollout_wait_s"] = pipeline.wait_s if pipeline is not None else 0.0
+        self.run.log(row, it)
+
+    def _evaluate_and_save(self, it: int, row: dict[str, Any]) -> None:
+        """After iteration ``it``: its summary line, the held-out evaluation when due, and a
+        checkpoint every ``checkpoint_every`` iterations, after the last and at a new best; a
+        stop asked for ends the run after checkpointing ``it`` (without evaluating first)."""
+        cfg = self.cfg
         self.run.say(summary_line(row))
         improved = False
         stopping = self._stop_requested()  # then an evaluation would only delay the stop
@@ -193,79 +293,6 @@ class Trainer:
                 f"or gradients (max_bad_steps={cfg.max_bad_steps}); lower lr or use dtype fp32"
             )
 
-    def iteration(
-        self, it: int, collected: tuple[UpdateBatch, dict[str, Any]] | None = None
-    ) -> dict[str, Any]:
-        """One iteration on the weights of version ``it``; returns its metrics row."""
-        # 1. Rollouts (rank 0), broadcast to every rank of a torchrun learner; ``fit`` hands
-        #    them over from its rollout pipeline.
-        if collected is None:
-            collected = distributed.on_main(lambda: self.sampler.collect(it), self.ranks)
-        batch, rollout_stats = collected[0], dict(collected[1])
-        self.phases.add("generation", rollout_stats.pop("generate_s"))
-        self.phases.add("env", rollout_stats.pop("env_s"))
-        staleness = it - batch.versions
-        temperature_stats = attach_temperature_samples(  # the aepo lever's only
-            it, self.control, self.sampler, self.learner, self.ranks, self.phases
-        )
-        input_stats = measure_input_dependence(  # when due, on the current weights
-            it, self.cfg, self.control, self.sampler, self.learner, self.ranks, self.phases
-        )
-
-        if not self.cfg.max_staleness:  # no rollouts beside the update, and the next ones
-            self.sampler.release_engine_caches()  # sample a new version: its memory is free
-
-        # 2. The preset's update: advantages, entropy control, clipped loss, steps. The old
-        #    log-probs are rescored here in fp32 (the engine's only with ``old_logprobs
-        #    sampler``): by the update itself, which reuses the on-policy first minibatch's
-        #    scoring pass, or, for a stale batch, under the weights of the version that sampled it.
-        entropy_check = self.learner.entropy_check(batch)
-        t0 = time.perf_counter()
-        observe_probe_states(self.control, self.learner, self.state.probe_states)
-        if self.control.tracks_relative:  # measured on this batch, before its update
-            self.control.observe_states(*self.learner.relative_entropy(batch))
-        batch.compute_advantages(self.algo.advantage)
-        from_sampler = self._old_logprobs(batch, it, staleness)
-        metrics = self.learner.update(self.control, batch, it)
-        grad_norm = metrics.pop("grad_norm")
-        update_s = time.perf_counter() - t0
-        mismatch = (
-            UNMEASURED_MISMATCH
-            if from_sampler
-            else sampler_mismatch(batch.old_logprobs, batch.sampler_logprobs, batch.mask)
-        )
-        self.state.bad_steps += metrics["skipped_steps"]
-        self.state.cumulative_entropy += metrics["entropy"]
-        n_groups = batch.n_groups
-        if metrics["zero_adv_groups"] == n_groups:
-            self.run.say(
-                f"iteration {it}: all {n_groups} groups have equal rewards within the group; "
-                "no policy-gradient signal this iteration",
-                file=sys.stderr,
-            )
-        return {
-            "iteration": it,
-            "algo": self.algo.name,
-            **metrics,
-            "cumulative_entropy": self.state.cumulative_entropy,
-            **rollout_stats,
-            **temperature_stats,
-            **input_stats,
-            "learner_tokens": int(batch.lengths.sum()),
-            "staleness_mean": float(staleness.float().mean()),
-            "staleness_max": int(staleness.max()),
-            "entropy_by_turn": entropy_by_turn(batch.old_logprobs, batch.mask),
-            "groups": n_groups,
-            "sampler_mismatch": mismatch["mean_abs_diff"],
-            "sampler_mismatch_max": mismatch["max_abs_diff"],
-            "sampler_ratio_outside": mismatch["frac_ratio_outside"],
-            "sampler_nonfinite": mismatch["sampler_nonfinite"],
-            **entropy_check,
-            "update_s": update_s,
-            "grad_norm": grad_norm,
-            "learner_ranks": self.ranks.world,
-        }
-
     def _old_logprobs(self, batch: UpdateBatch, it: int, staleness: torch.Tensor) -> bool:
         """Give ``batch`` the ratio's denominator where the update would not score it itself:
         the engine's own log-probs (``old_logprobs sampler``, where they are finite), or, for a
@@ -276,7 +303,7 @@ class Trainer:
             batch.old_logprobs = batch.sampler_logprobs.clone()
             return True
         if bool((staleness > 0).any()):
-            versions = self.sampler.versions
+            versions = self.sampler.adapters.versions
             batch.old_logprobs = self.learner.sampling_version_logprobs(batch, it, versions)
         return False
 
@@ -296,7 +323,7 @@ class Trainer:
     def checkpoint(self, it: int, best: bool = False, rng: dict[str, Any] | None = None) -> None:
         """Write checkpoint ``it`` (rank 0). ``rng``: the RNG states to store (default: now)."""
         # collectives under torchrun: every rank takes part, rank 0 writes
-        sampler_weights = self.sampler.versions_to_save(it)
+        sampler_weights = self.sampler.adapters.to_save(it)
         gathered = self.learner.gathered()
         if not self.ranks.main:
             return

@@ -7,6 +7,7 @@ ends its turns itself, so both the "stopped" and the "budget hit" paths occur).
 from __future__ import annotations
 
 import pytest
+from mask_runs import runs
 from transformers import AutoTokenizer
 
 from entrogym.agents.agent import LLMAgent
@@ -59,18 +60,6 @@ class Recorder:
 @pytest.fixture(scope="module")
 def tokenizer():
     return AutoTokenizer.from_pretrained(resolve_model(SMOLLM2))
-
-
-def runs(mask: list[int]) -> list[tuple[int, int]]:
-    """Maximal [start, end) stretches of 1s."""
-    out, start = [], None
-    for i, m in enumerate([*mask, 0]):
-        if m and start is None:
-            start = i
-        elif not m and start is not None:
-            out.append((start, i))
-            start = None
-    return out
 
 
 def test_template_pieces(tokenizer):

@@ -82,6 +82,9 @@ def test_well_formed_call_with_text_around_it(fmt, tools):
         ("call", "find_contact(**{'name': 'Bob'})", "literals"),
         ("call", "find_contact(name=__import__('os').getcwd())", "not a literal"),
         ("call", "find_contact(name={1, 2})", "not a literal"),
+        # two calls joined by an operator parse as one expression, not as a call
+        ("call", 'find_contact(name="a") + send_message(x=1)', "one call per line"),
+        ("call", "find_contact(a) or send_message(b)", "one call per line"),
         ("json", "<tool_call>{name: find_contact}</tool_call>", "cannot read"),
         ("json", '<tool_call>{"arguments": {}}</tool_call>', "cannot read"),
         ("json", '<tool_call>{"name": "x", "arguments": [1]}</tool_call>', "not a mapping"),

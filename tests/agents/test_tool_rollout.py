@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from forced_logprobs import teacher_forced_logprobs
+from mask_runs import runs
 from tool_envs import CONTACTS, TASKS, PhoneEnv
 
 from entrogym.agents.agent import LLMAgent
@@ -74,17 +75,6 @@ class ScriptedEngine:
         return out
 
 
-def runs_of(mask: list[int]) -> list[tuple[int, int]]:
-    out, start = [], None
-    for i, m in enumerate([*mask, 0]):
-        if m and start is None:
-            start = i
-        elif not m and start is not None:
-            out.append((start, i))
-            start = None
-    return out
-
-
 @pytest.fixture(scope="module")
 def tiny():
     return load_base_model(TINY)
@@ -114,7 +104,7 @@ def test_tool_episodes_are_token_exact(fmt: str, tiny, tmp_path: Path):
         assert actions[:2] == [fmt_.render_call(c) for c in script(ep.task_id)]
         assert ep.reward == 1.0 and ep.info["end_reason"] == "done" and ep.num_turns >= 3
         assert "tool_tracebacks" not in ep.info and "tools" not in ep.info
-        stretches = runs_of(ep.action_mask)
+        stretches = runs(ep.action_mask)
         assert len(stretches) == ep.num_turns
         for a, b in stretches:  # each stretch: one completion, for exactly that prefix
             c = served[(tuple(ep.token_ids[:a]), tuple(ep.token_ids[a:b]))]

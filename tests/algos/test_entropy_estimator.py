@@ -194,3 +194,20 @@ def test_the_probe_estimator_needs_probe_batches_and_a_step_per_iteration():
         ControllerParams(estimator="probe")
     with pytest.raises(ValueError, match=r"set algo.controller.step iteration$"):
         ControllerParams(estimator="probe", target_probe=2, step="optimizer")
+
+
+def test_the_control_asks_for_its_probe_batches_once_before_any_iteration():
+    """``probe_request``: the trainer reads how many probe batches to draw from the control,
+    which alone reads ``controller.target_probe``; none once an iteration was observed (a
+    resumed run's state) and none without a target."""
+    config = build_algorithm({"name": "repo-d", "controller": {"name": "pi", "target_probe": 3}})
+    control = EntropyControl(config)
+    assert control.probe_request == 3
+    control.observe_probe([1.0, 1.2, 1.1])
+    control.observe(1.3)
+    assert control.probe_request == 0
+    resumed = EntropyControl(config)
+    resumed.load_state_dict(control.state_dict())
+    assert resumed.probe_request == 0
+    assert EntropyControl(build_algorithm("grpo")).probe_request == 0
+    assert EntropyControl(build_algorithm("repo-d")).probe_request == 0

@@ -15,7 +15,7 @@ from entrogym.algos import (
     policy_update,
     token_covariance,
 )
-from entrogym.algos.update import micro_batch_loss
+from entrogym.algos.micro_loss import micro_batch_loss
 from entrogym.algos.update_batch import Rows
 
 B, T = 6, 5

@@ -8,7 +8,7 @@ import torch
 
 from entrogym.algos import EntropyControl, build_algorithm
 from entrogym.algos.losses import LOSSES, aggregate
-from entrogym.algos.update import micro_batch_loss
+from entrogym.algos.micro_loss import micro_batch_loss
 from entrogym.algos.update_batch import Rows
 from entrogym.commands.algo_text import algo_args_mapping, label, parse_label, resolve_algorithm
 

@@ -79,3 +79,27 @@ def test_cut_turns_are_counted_and_the_cut_is_announced_once(tmp_path, capsys) -
     notices = [line for line in (said.out + said.err).splitlines() if "--on-turn-budget" in line]
     assert len(notices) == 1, notices
     assert "max_turns 3" in notices[0] and "--on-turn-budget step" in notices[0]
+
+
+class SteppingTalkEnv(TalkEnv):
+    """Declares its turn-budget rule, as AppWorld and the world do: a cut turn goes to the env."""
+
+    on_turn_budget = "step"
+
+
+if "test/SteppingTalk-v0" not in gym.registry:
+    gym.register("test/SteppingTalk-v0", entry_point=SteppingTalkEnv)
+
+
+def test_training_takes_the_env_s_declared_turn_budget_rule(tmp_path, capsys) -> None:
+    """No --on-turn-budget given: training follows the env's declared ``step``, as eval does,
+    so every cut turn reaches the env and each episode runs its three turns."""
+    settings = {k: v for k, v in TINY_RUN.items() if k not in ("env", "on_turn_budget")}
+    cfg = TrainConfig(out=str(tmp_path / "run"), env="test/SteppingTalk-v0", iterations=1,
+                      env_workers=0, **{**settings, "max_response_tokens": 2})  # fmt: skip
+    train(cfg)
+    rows = [r for r in read_metrics(tmp_path / "run") if r.get("kind", "train") == "train"]
+    assert rows[0]["end_reasons"]["turn_budget"] == 0
+    assert rows[0]["turns_mean"] == 3.0
+    said = capsys.readouterr()
+    assert "--on-turn-budget" not in said.out + said.err

@@ -53,8 +53,10 @@ CASES = {
 ADDED = (
     "entropy_tracked",
     "turns_mean", "turns_max", "turns_hist", "end_reasons", "tool_calls", "tool_errors",
-    "reward_by_turns", "entropy_by_turn",
+    "reward_by_turns", "entropy_by_turn", "turns_cut",
 )  # fmt: skip
+# Files a run writes beside what the golden run wrote: each adapter's own checksums.
+ADDED_FILES = ("entrogym_adapter.json",)
 
 
 def _timing(key: str) -> bool:
@@ -83,7 +85,9 @@ def record_run(case: str, out: Path, monkeypatch: pytest.MonkeyPatch) -> dict[st
         "rows": [{k: v for k, v in row.items() if not (_timing(k) or k in ADDED)} for row in rows],
         "phases": sorted(rows[0]["phases_s"]),
         "files": sorted(
-            str(p.relative_to(out)) for p in out.rglob("*") if p.is_file() and "tb" not in p.parts
+            str(p.relative_to(out))
+            for p in out.rglob("*")
+            if p.is_file() and "tb" not in p.parts and p.name not in ADDED_FILES
         ),
         "events": [(r["event"], r.get("from_iteration")) for r in history],
         "optimizer_steps": _optimizer_steps(weights),

@@ -20,7 +20,7 @@ class TrainState:
     best: the best eval ``pass@1`` so far (-1: no evaluation yet).
     control: the entropy control's own state (``EntropyControl.state_dict``).
     probe_states: ``estimator probe``'s fixed states, the target probe's batches
-        (``extra_samples.states_to_dict``); empty for other estimators.
+        (``control_feed.states_to_dict``); empty for other estimators.
     metrics_rows: complete rows of ``metrics.jsonl`` that belong to these iterations.
     algo: the preset's name (a resume checks it).
     """

@@ -2,24 +2,22 @@
 
 It starts the engine (an in-process ``hf`` engine shares the learner's frozen base weights),
 publishes each weight version as an adapter folder the engine loads (``adapters/vNNNNNN``),
-keeps the versions a stale batch may come from (``--max-staleness``), collects each iteration's
-rollouts (in a rollout thread beside the update when K >= 1: ``entrogym.train.sampler.pipeline``), the
-target probe's batches, and the held-out evaluation, which runs on the same engine. Under
-``torchrun`` rank 0 alone runs the engine; publishing and the kept versions involve every rank.
+keeps the versions a stale batch may come from (``--max-staleness``; both in
+``entrogym.train.sampler.adapters``), collects each iteration's rollouts (in a rollout thread
+beside the update when K >= 1: ``entrogym.train.sampler.pipeline``) and any other batch the run
+asks for (``rollouts``: the entropy control's samples, ``entrogym.train.control_feed``), and
+runs the held-out evaluation on the same engine. Under ``torchrun`` rank 0 alone runs the
+engine; publishing and the kept versions involve every rank.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import random
-import shutil
 import sys
-import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,48 +36,18 @@ from entrogym.train.devices import distributed
 from entrogym.train.evaluation.evaluate import EvalPlan, plan_evaluation, run_evaluation
 from entrogym.train.folder.layout import TOOL_ERRORS_FILE
 from entrogym.train.folder.rng import iteration_seed
-from entrogym.train.folder.safety import adapter_folder, prune_adapters, write_error
+from entrogym.train.folder.safety import adapter_folder
 from entrogym.train.folder.turn_metrics import episode_turn_metrics
-from entrogym.train.learner.policy import save_adapter
-from entrogym.train.learner.versions import Weights, WeightVersions
 from entrogym.train.phases import PhaseClock
-from entrogym.train.progress import counter, progress
+from entrogym.train.progress import counter
+from entrogym.train.sampler.adapters import AdapterVersions
 from entrogym.train.sampler.pipeline import RolloutPipeline
 from entrogym.train.sampler.threads import ThreadSplit
 from entrogym.train.shutdown import ShutdownRequest
 
-# The probe batches of a target (``Sampler.probe_batches``) draw their tasks and seeds as these
-# iterations would: far past any run's end, so never a draw the run trains on.
-PROBE_ITERATION = 10**6
-# The AEPO lever's extra samples of iteration i (``Sampler.collect_at_temperature``) draw as
-# iteration TEMPERATURE_ITERATION + i would: past the probe's and any run's own draws.
-TEMPERATURE_ITERATION = 2 * 10**6
-# The input-dependence probe (``Sampler.collect_input_probe``) draws its fixed tasks as iteration
-# INPUT_PROBE_ITERATION would, and its samples of iteration i as INPUT_PROBE_ITERATION + 1 + i.
-INPUT_PROBE_ITERATION = 3 * 10**6
-
 
 class TrainingStopped(RuntimeError):
     """Raised when the run cannot go on (too many non-finite steps, no usable episode)."""
-
-
-@dataclass(frozen=True)
-class StalenessBudget:
-    """What ``--max-staleness K`` keeps (``entrogym.train.sampler.pipeline``): batches are sampled by
-    the current weight version or one of the ``K`` before it."""
-
-    max_staleness: int
-
-    @property
-    def versions(self) -> int:
-        """Weight versions sampled with at once: the learner keeps their weights, the engine
-        holds their adapters (``max_loras``)."""
-        return self.max_staleness + 1
-
-    @property
-    def adapter_folders(self) -> int:
-        """Adapter folders kept on disk: the sampling versions and the one before."""
-        return self.versions + 1
 
 
 class Sampler:
@@ -98,7 +66,8 @@ class Sampler:
         self.cfg, self.ranks, self.shutdown = cfg, ranks, shutdown
         self.run_dir = Path(cfg.out)
         self.engine, self._owns_engine = engine, engine is None
-        self.budget = StalenessBudget(cfg.max_staleness)
+        # the published versions and, with max_staleness, the kept ones (sampler/adapters.py)
+        self.adapters = AdapterVersions(cfg.max_staleness, self.run_dir, ranks, cfg.model)
         # envs run in worker processes shared by this process's runs (0: in this process)
         self.env_workers = shared_env_workers(cfg.env_limits()) if cfg.env_workers else 0
         self._engine_lock = threading.Lock()  # rollouts (maybe a thread) and eval take turns
@@ -109,8 +78,6 @@ class Sampler:
         self.tasks, self.env_max_turns = _task_ids(cfg)
         self.cut_announced = False  # a cut turn that ended a multi-turn episode was said
         self.eval_plan = _plan_evaluation(cfg)  # so is a bad eval split or eval env
-        self.adapter: Path | None = None  # the current weights' adapter folder (engine input)
-        self.versions: WeightVersions | None = None
         self.threads: ThreadSplit | None = None  # the cores' split in an async hf run
         # Sample every turn to max_response_tokens, past EOS and the end-of-turn token (vLLM's
         # ignore_eos): a benchmark sets it on a built trainer to time engines at equal work;
@@ -124,8 +91,7 @@ class Sampler:
         self.policy = policy
         self.agent = LLMAgent.from_model(cfg.model, **cfg.agent_kwargs())
         self.pad_id = self.agent.tokenizer.pad_token_id or 0
-        if cfg.max_staleness:  # the versions a stale batch may come from
-            self.versions = WeightVersions(policy, keep=self.budget.versions)
+        self.adapters.start(policy)
         if self.ranks.main and self.engine is None:
             self.engine = make_engine(
                 cfg.engine,
@@ -136,7 +102,7 @@ class Sampler:
                     lora_rank=cfg.lora_rank,
                     max_num_seqs=cfg.tasks_per_iter * cfg.samples,
                     threads=cfg.threads,
-                    max_loras=self.budget.versions,
+                    max_loras=self.adapters.budget.versions,
                 ),
                 **self._shared_base_weights(),
             )
@@ -152,51 +118,15 @@ class Sampler:
     # ----- weight versions ------------------------------------------------------------------
 
     def publish_adapter(self, version: int) -> None:
-        """Write the current weights as ``adapters/vNNNNNN`` (one folder per version: engines
-        reload a new path) for the rollouts, evaluation and servers that follow, and drop the
-        versions no engine reads any more (checkpoints hold their own copy). With
-        ``max_staleness`` K the K versions before stay, and the learner keeps their weights."""
-        weights = distributed.gathered_adapter(self.policy, self.ranks)  # collective under torchrun
-        folder = adapter_folder(self.run_dir, version)
-        if self.versions is not None:
-            self.versions.record(version)
-        if self.ranks.main:
-            try:
-                save_adapter(self.policy, folder, weights, base_model=self.cfg.model)
-                # disk stays bounded however long the run
-                prune_adapters(self.run_dir, version, keep=self.budget.adapter_folders)
-            except OSError as exc:
-                raise write_error(exc, str(folder)) from exc
-        self.adapter = folder
+        """Write the current weights as ``adapters/vNNNNNN`` for the rollouts, evaluation and
+        servers that follow (:meth:`AdapterVersions.publish`)."""
+        self.adapters.publish(version)
 
     def release_engine_caches(self) -> None:
         """Let the engine free what it keeps only to sample faster (``Engine.release_caches``:
         the ``hf`` engine's merged weights), while the learner needs the memory."""
         if self.engine is not None:
             self.engine.release_caches()
-
-    def publish_older_versions(self, start: int) -> None:
-        """A resumed async run: the adapter folders of the versions its next batches are
-        sampled by, from the weights its checkpoint kept."""
-        if self.versions is None:
-            return
-        older = [v for v in self.versions.versions() if v < start]
-        for version, weights in self.versions.full(older).items():  # collective under torchrun
-            if self.ranks.main:
-                folder = adapter_folder(self.run_dir, version)
-                save_adapter(self.policy, folder, weights, base_model=self.cfg.model)
-
-    def versions_to_save(self, it: int) -> dict[int, Weights] | None:
-        """The weights of the versions the batches after iteration ``it`` are sampled by, for
-        its checkpoint (a collective under torchrun); None for a synchronous run."""
-        if self.versions is None:
-            return None
-        return self.versions.full([v for v in self.versions.versions() if v <= it])
-
-    def load_versions(self, saved: dict[Any, Weights] | None) -> None:
-        """Keep the sampling versions' weights a checkpoint saved."""
-        if self.versions is not None and saved:
-            self.versions.load({int(v): w for v, w in saved.items()})
 
     # ----- rollouts -------------------------------------------------------------------------
 
@@ -209,7 +139,7 @@ class Sampler:
             max_staleness=self.cfg.max_staleness,
             start=start,
             stop=stop if self.ranks.main else start,
-            floor=min(self.versions.versions()) if self.versions is not None else start,
+            floor=self.adapters.oldest(start),
             before_batch=self._split_threads(),
         )
         if self.threads is not None and self.threads.split == "elastic" and phases is not None:
@@ -258,56 +188,22 @@ class Sampler:
         seed = iteration_seed(cfg.seed, it)
         # In an async run each batch samples from its own stream, whenever the thread gets to it.
         stream = self.engine.seeded(seed) if cfg.max_staleness else None
-        return self._rollouts(
+        return self.rollouts(
             it,
-            self._tasks_of(it),
+            self.tasks_of(it),
             version=it if version is None else version,
             adapter=adapter,
             temperature=cfg.temperature,
             stream=stream,
         )
 
-    def collect_at_temperature(
-        self, it: int, temperature: float, share: float
-    ) -> tuple[UpdateBatch, dict[str, Any]]:
-        """Rank 0: the AEPO lever's extra samples of iteration ``it`` (``entrogym.algos.aepo``):
-        the first ``ceil(share * tasks_per_iter)`` of its tasks, ``samples`` each, drawn at
-        ``temperature`` by the current weights (version ``it``). They draw their sampling
-        stream and env seeds as iteration ``TEMPERATURE_ITERATION + it`` would, so never what
-        the run's own batches draw, in a seeded scope that leaves the engine's stream for the
-        next batch as it was (``hf``)."""
-        cfg = self.cfg
-        tasks = self._tasks_of(it)[: math.ceil(share * cfg.tasks_per_iter)]
-        draw = TEMPERATURE_ITERATION + it
-        stream = self.engine.seeded(iteration_seed(cfg.seed, draw))
-        what = f"iteration {it}'s AEPO samples at temperature {temperature:g}"
-        return self._rollouts(draw, tasks, version=it, adapter=None, temperature=temperature,
-                              stream=stream, what=what, label="AEPO samples")  # fmt: skip
-
-    def collect_input_probe(self, it: int) -> tuple[UpdateBatch, dict[str, Any]]:
-        """Rank 0: the input-dependence probe's samples of iteration ``it``
-        (``entrogym.train.input_probe``): ``samples`` rollouts of each of the
-        ``input_dependence_tasks`` probe tasks by the current weights (version ``it``). The
-        tasks are the same every iteration (drawn as iteration ``INPUT_PROBE_ITERATION``
-        would); the sampling stream and env seeds are iteration ``INPUT_PROBE_ITERATION + 1 +
-        it``'s, in a seeded scope that leaves the engine's stream for the next batch as it was
-        (``hf``)."""
-        cfg = self.cfg
-        seed = iteration_seed(cfg.seed, INPUT_PROBE_ITERATION)
-        tasks = random.Random(seed).sample(self.tasks, cfg.input_dependence_tasks)
-        draw = INPUT_PROBE_ITERATION + 1 + it
-        stream = self.engine.seeded(iteration_seed(cfg.seed, draw))
-        what = f"iteration {it}'s input-dependence probe"
-        return self._rollouts(draw, tasks, version=it, adapter=None, temperature=cfg.temperature,
-                              stream=stream, what=what, label="probe samples")  # fmt: skip
-
-    def _tasks_of(self, it: int) -> list[str]:
+    def tasks_of(self, it: int) -> list[str]:
         """Iteration ``it``'s tasks: ``tasks_per_iter`` distinct ones of the split."""
         return random.Random(iteration_seed(self.cfg.seed, it)).sample(
             self.tasks, self.cfg.tasks_per_iter
         )
 
-    def _rollouts(
+    def rollouts(
         self,
         it: int,
         tasks: list[str],
@@ -397,21 +293,6 @@ class Sampler:
             flush=True,
         )
 
-    def probe_batches(self, n: int, start: int) -> list[UpdateBatch]:
-        """Rank 0: ``n`` batches of the weights of version ``start`` for a target probe, drawn
-        as the iterations from ``PROBE_ITERATION`` on would draw them. With the ``hf`` engine
-        they leave the run's own samples as they would be without them: the engine samples
-        them in a seeded scope from a copy of the adapter, so neither its random stream nor
-        the set of adapters it holds is changed for the run."""
-        with tempfile.TemporaryDirectory(prefix="entrogym-probe-") as tmp:
-            copy = shutil.copytree(adapter_folder(self.run_dir, start), Path(tmp) / "adapter")
-            batches = []
-            draws = range(PROBE_ITERATION + 1, PROBE_ITERATION + n + 1)
-            for it in progress(draws, desc="target probe", unit="batches"):
-                with self.engine.seeded(iteration_seed(self.cfg.seed, it)):
-                    batches.append(self.collect(it, version=start, adapter=copy)[0])
-        return batches
-
     # ----- evaluation -----------------------------------------------------------------------
 
     def evaluation_due(self, it: int) -> bool:
@@ -430,7 +311,7 @@ class Sampler:
             with self._engine_lock:  # the rollout thread and evaluation take turns
                 plan = self.eval_plan or _plan_evaluation(cfg)
                 result = run_evaluation(self.engine, self.agent, plan, samples=cfg.eval_samples,
-                                        adapter=str(self.adapter), temperature=cfg.temperature,
+                                        adapter=str(self.adapters.adapter), temperature=cfg.temperature,
                                         seed=cfg.seed, env_workers=self.env_workers,
                                         env_timeout=cfg.env_timeout,
                                         turn_rewards=cfg.turn_rewards,
