@@ -36,6 +36,8 @@ def turn_budget_rule(env_id: str, env: Any, rule: str | None, default: str = "tr
             f"{list(TURN_BUDGET_RULES)}"
         )
     return rule
+
+
 FeedbackRole = Literal["user", "tool"]
 ToolFormatName = Literal["template", "json", "call"]
 
