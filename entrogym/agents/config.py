@@ -19,8 +19,25 @@ from entrogym.agents.engines import (
     resolve_engine_kind,
 )
 from entrogym.dtypes import ENGINE_DTYPE_NAMES, EngineDTypeName
+from entrogym.envs.base import env_attr
 
 TURN_BUDGET_RULES = ("truncate", "step")
+
+
+def turn_budget_rule(env_id: str, env: Any, rule: str | None, default: str = "truncate") -> str:
+    """``rule``, else the env's declared ``on_turn_budget``, else ``default``: what the agent
+    does with a turn cut at the token budget, read the same way by training and evaluation."""
+    if rule is not None:
+        return rule
+    rule = env_attr(env, "on_turn_budget", None) or default
+    if rule not in TURN_BUDGET_RULES:
+        raise ValueError(
+            f"env {env_id!r} declares on_turn_budget={rule!r}; it must be one of "
+            f"{list(TURN_BUDGET_RULES)}"
+        )
+    return rule
+
+
 FeedbackRole = Literal["user", "tool"]
 ToolFormatName = Literal["template", "json", "call"]
 
@@ -72,6 +89,8 @@ class AgentConfig:
             renders tools, else ``call`` (docs/envs.md).
         on_turn_budget: a turn that hits ``max_response_tokens``: ``truncate`` ends the episode
             as a failure (the paper's rule), ``step`` hands the cut text to the env and goes on.
+            None = the env's declared ``on_turn_budget`` (the world and AppWorld declare
+            ``step``), else ``truncate``: training and evaluation read it the same way.
         temperature: sampling temperature of rollouts.
         system_prompt: system message for the agent (None = the env's / template's default).
         chat_template: a Jinja chat template file for a tokenizer without one, or to replace
@@ -98,7 +117,7 @@ class AgentConfig:
     max_turns: int | None = None
     feedback_role: FeedbackRole | None = None
     tool_format: ToolFormatName | None = None
-    on_turn_budget: Literal["truncate", "step"] = "truncate"
+    on_turn_budget: Literal["truncate", "step"] | None = None
     temperature: float = 1.0
     system_prompt: str | None = None
     chat_template: str | None = None
@@ -163,7 +182,7 @@ class AgentConfig:
                 f"max_response_tokens ({self.max_response_tokens}) exceeds max_context_tokens "
                 f"({self.max_context_tokens}); raise the context or lower the response budget"
             )
-        if self.on_turn_budget not in (*TURN_BUDGET_RULES, None):  # None: the env's rule (eval)
+        if self.on_turn_budget not in (*TURN_BUDGET_RULES, None):  # None: the env's rule
             raise ValueError(
                 f"on_turn_budget must be one of {list(TURN_BUDGET_RULES)}, "
                 f"got {self.on_turn_budget!r}"
@@ -214,12 +233,14 @@ class AgentConfig:
 
     def agent_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``LLMAgent.from_model(self.model, **...)``: the turn options
-        (budget, turns, roles, tool format) are read here, for every command."""
+        (budget, turns, roles, tool format) are read here, for every command. The turn-budget
+        rule here is the one given, else ``truncate``: a command that knows its env passes
+        ``turn_budget_rule(...)`` in its place."""
         return {
             "system_prompt": self.system_prompt,
             "max_turn_tokens": self.max_response_tokens,
             "max_context": self.max_context_tokens,
-            "on_turn_budget": self.on_turn_budget,
+            "on_turn_budget": self.on_turn_budget or "truncate",
             "chat_template": self.chat_template,
             "max_turns": self.max_turns,
             "feedback_role": self.feedback_role,

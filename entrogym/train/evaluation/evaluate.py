@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from entrogym.agents.agent import LLMAgent
-from entrogym.agents.config import TURN_BUDGET_RULES
+from entrogym.agents.config import turn_budget_rule
 from entrogym.agents.engines import Engine, SamplingParams
 from entrogym.agents.rollout import collect_rollouts
 from entrogym.envs.base import env_attr, make_text_env, task_ids_of
@@ -114,19 +114,6 @@ def _hooks(env: Any) -> frozenset[str]:
     return frozenset(n for n in names if callable(env_attr(env, n)))
 
 
-def _turn_budget_rule(env_id: str, env: Any, rule: str | None, default: str) -> str:
-    """``rule``, else the env's declared ``on_turn_budget``, else ``default``."""
-    if rule is not None:
-        return rule
-    rule = env_attr(env, "on_turn_budget", None) or default
-    if rule not in TURN_BUDGET_RULES:
-        raise ValueError(
-            f"env {env_id!r} declares on_turn_budget={rule!r}; it must be one of "
-            f"{list(TURN_BUDGET_RULES)}"
-        )
-    return rule
-
-
 def _split_and_tasks(env: Any, split: str | None) -> tuple[str, list[str]]:
     """The split to evaluate (checked by the env) and all of its task ids."""
     resolve = getattr(env.unwrapped, "resolve_split", None)  # TextEnv checks the name
@@ -157,7 +144,7 @@ def plan_evaluation(
         kwargs = (
             dict(env.get_wrapper_attr(ENV_KWARGS_HOOK)(samples)) if ENV_KWARGS_HOOK in hooks else {}
         )
-        rule = _turn_budget_rule(env_id, env, on_turn_budget, default_rule)
+        rule = turn_budget_rule(env_id, env, on_turn_budget, default_rule)
         if not kwargs:
             split, tasks = _split_and_tasks(env, split)
     finally:

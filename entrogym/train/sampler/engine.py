@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from entrogym.agents.agent import LLMAgent
+from entrogym.agents.config import turn_budget_rule
 from entrogym.agents.engines import Engine, SamplingParams, make_engine, resolve_engine_kind
 from entrogym.agents.engines.shared_weights import frozen_base_tensors
 from entrogym.agents.env_workers import check_portable, shared_env_workers
@@ -75,7 +76,8 @@ class Sampler:
         # the env kwargs of the rollouts: --max-turns reaches an env that takes it
         self.env_kwargs = cfg.env_kwargs_for(cfg.env, cfg.env_kwargs)
         # a split smaller than tasks_per_iter is a config error
-        self.tasks, self.env_max_turns = _task_ids(cfg)
+        # and the turn-budget rule: the given one, else the env's declared one (as eval reads it)
+        self.tasks, self.env_max_turns, self.on_turn_budget = _task_ids(cfg)
         self.cut_announced = False  # a cut turn that ended a multi-turn episode was said
         self.eval_plan = _plan_evaluation(cfg)  # so is a bad eval split or eval env
         self.threads: ThreadSplit | None = None  # the cores' split in an async hf run
@@ -89,7 +91,9 @@ class Sampler:
         on rank 0, the engine (engines may seed torch: before a resume restores the RNGs)."""
         cfg = self.cfg
         self.policy = policy
-        self.agent = LLMAgent.from_model(cfg.model, **cfg.agent_kwargs())
+        self.agent = LLMAgent.from_model(
+            cfg.model, **{**cfg.agent_kwargs(), "on_turn_budget": self.on_turn_budget}
+        )
         self.pad_id = self.agent.tokenizer.pad_token_id or 0
         self.adapters.start(policy)
         if self.ranks.main and self.engine is None:
@@ -286,7 +290,7 @@ class Sampler:
         print(
             f"entrogym train: {cut} of {stats['episodes']} episodes of {what} "
             f"ended at a turn cut by --max-response-tokens {cfg.max_response_tokens}, though "
-            f"{cfg.env} {allows}: --on-turn-budget {cfg.on_turn_budget} ends an episode there; "
+            f"{cfg.env} {allows}: --on-turn-budget {self.on_turn_budget} ends an episode there; "
             "pass --on-turn-budget step to send a cut turn to the env and go on (said once; the "
             "metrics rows count turns_cut and end_reasons.turn_budget)",
             file=sys.stderr,
@@ -327,13 +331,15 @@ class Sampler:
             self.engine = None
 
 
-def _task_ids(cfg: TrainConfig) -> tuple[list[str], int | None]:
-    """The training split's task ids, and the env's ``max_turns`` (None: it has none)."""
+def _task_ids(cfg: TrainConfig) -> tuple[list[str], int | None, str]:
+    """The training split's task ids, the env's ``max_turns`` (None: it has none) and the
+    turn-budget rule (``cfg``'s, else the env's declared one, else ``truncate``)."""
     if cfg.env_workers:
         check_portable(cfg.env)  # before any model loads
     env = make_text_env(cfg.env, **cfg.env_kwargs_for(cfg.env, cfg.env_kwargs))
     tasks = task_ids_of(env, cfg.split)
     max_turns = env_attr(env, "max_turns")
+    rule = turn_budget_rule(cfg.env, env, cfg.on_turn_budget)
     env.close()
     if not tasks:
         raise ValueError(f"env {cfg.env!r} has no tasks in split {cfg.split!r}")
@@ -349,14 +355,14 @@ def _task_ids(cfg: TrainConfig) -> tuple[list[str], int | None]:
             f"tasks of {cfg.env} (split {cfg.split or 'default'}); pass "
             f"--input-dependence-tasks {len(tasks)} or less"
         )
-    return tasks, max_turns if isinstance(max_turns, int) else None
+    return tasks, max_turns if isinstance(max_turns, int) else None, rule
 
 
 def _plan_evaluation(cfg: TrainConfig) -> EvalPlan | None:
     if not (cfg.eval_env and cfg.eval_every):
         return None
-    # the eval env's own turn-budget rule if it declares one, else the run's
+    # the run's --on-turn-budget when given, else the eval env's own rule (as for training)
     kwargs = cfg.env_kwargs_for(cfg.eval_env, cfg.eval_env_kwargs)
     return plan_evaluation(cfg.eval_env, kwargs, split=cfg.eval_split,
                            max_tasks=cfg.eval_tasks, samples=cfg.eval_samples,
-                           default_rule=cfg.on_turn_budget)  # fmt: skip
+                           on_turn_budget=cfg.on_turn_budget)  # fmt: skip
