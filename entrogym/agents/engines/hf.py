@@ -221,14 +221,17 @@ class HFEngine(Engine):
         if self.decode != "generate":
             decoder = self._static_decoder(adapter)
             if decoder is not None:
-                return self._generate_all(self._static_batch(decoder), prompts, params, keys)
+                return _in_groups(
+                    self._static_batch(decoder), prompts, params, keys, self.max_num_seqs
+                )
         model = self._select_adapter(adapter)
         # LoRA layers live inside the base modules: the base model needs them switched off.
         off = adapter is None and isinstance(model, PeftModel)
         with model.disable_adapter() if off else contextlib.nullcontext():
-            return self._generate_all(
-                lambda ids, ps, _keys: self._generate_batch(model, ids, ps), prompts, params, keys
-            )
+            return _in_groups(
+                lambda ids, ps, _keys: self._generate_batch(model, ids, ps),
+                prompts, params, keys, self.max_num_seqs,
+            )  # fmt: skip
 
     def _static_decoder(self, adapter: str | None) -> StaticDecoder | None:
         """The decoder with ``adapter`` merged in: built once per adapter version and kept
@@ -269,7 +272,7 @@ class HFEngine(Engine):
             del self._decoders[oldest]
         self._kept.keep_owners({id(d) for d in self._decoders.values()})
 
-    def _static_batch(self, decoder: StaticDecoder) -> Callable[..., list[Completion]]:
+    def _static_batch(self, decoder: StaticDecoder) -> Batch:
         def run(
             prompts: list[list[int]], params: list[SamplingParams], keys: list[Hashable | None]
         ) -> list[Completion]:
@@ -290,52 +293,10 @@ class HFEngine(Engine):
             )
             out = completions(new, logprobs, params, stops)
             if keep:
-                self._keep_rows(decoder, keys, prompts, out)
+                self._kept.keep_call(decoder, keys, prompts, [c.token_ids for c in out])
             return out
 
         return run
-
-    def _keep_rows(
-        self,
-        decoder: StaticDecoder,
-        keys: list[Hashable | None],
-        prompts: list[list[int]],
-        completions: list[Completion],
-    ) -> None:
-        """Remember each keyed row of ``decoder``'s last call for its key's next turn."""
-        for row, (key, prompt, c) in enumerate(zip(keys, prompts, completions, strict=True)):
-            if key is not None:
-                self._kept.count(decoder.reused(row))
-                self._kept.put(key, decoder.kept_row(row, prompt, c.token_ids))
-
-    def _generate_all(
-        self,
-        batch: Callable[
-            [list[list[int]], list[SamplingParams], list[Hashable | None]], list[Completion]
-        ],
-        prompts: list[list[int]],
-        params: list[SamplingParams],
-        keys: list[Hashable | None],
-    ) -> list[Completion]:
-        size = self.max_num_seqs
-        # One generate call per distinct set of sampling settings (max_tokens aside).
-        order = sorted(range(len(prompts)), key=lambda i: _settings(params[i]))
-        results: dict[int, Completion] = {}
-        start = 0
-        while start < len(order):
-            group = [order[start]]
-            while (
-                start + len(group) < len(order)
-                and len(group) < size
-                and _settings(params[order[start + len(group)]]) == _settings(params[group[0]])
-            ):
-                group.append(order[start + len(group)])
-            start += len(group)
-            done = batch(
-                [prompts[i] for i in group], [params[i] for i in group], [keys[i] for i in group]
-            )
-            results.update(zip(group, done, strict=True))
-        return [results[i] for i in range(len(prompts))]
 
     def _generate_batch(
         self, model: Any, prompts: list[list[int]], params: list[SamplingParams]
@@ -369,6 +330,37 @@ class HFEngine(Engine):
             logits_processor=LogitsProcessorList([recorder]),
         )
         return completions(sequences[:, width:], recorder.finish(sequences), params, stops)
+
+
+Batch = Callable[[list[list[int]], list[SamplingParams], list[Hashable | None]], list[Completion]]
+
+
+def _in_groups(
+    batch: Batch,
+    prompts: list[list[int]],
+    params: list[SamplingParams],
+    keys: list[Hashable | None],
+    size: int,
+) -> list[Completion]:
+    """``batch`` called once per run of at most ``size`` prompts sharing sampling settings
+    (``max_tokens`` aside), the completions back in the prompts' order."""
+    order = sorted(range(len(prompts)), key=lambda i: _settings(params[i]))
+    results: dict[int, Completion] = {}
+    start = 0
+    while start < len(order):
+        group = [order[start]]
+        while (
+            start + len(group) < len(order)
+            and len(group) < size
+            and _settings(params[order[start + len(group)]]) == _settings(params[group[0]])
+        ):
+            group.append(order[start + len(group)])
+        start += len(group)
+        done = batch(
+            [prompts[i] for i in group], [params[i] for i in group], [keys[i] for i in group]
+        )
+        results.update(zip(group, done, strict=True))
+    return [results[i] for i in range(len(prompts))]
 
 
 def _settings(p: SamplingParams) -> tuple:

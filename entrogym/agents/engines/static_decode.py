@@ -33,6 +33,7 @@ the engine samples the others with ``generate``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -85,6 +86,37 @@ class _Layer:
     down: Projection
 
 
+def _projection(
+    *mods: torch.nn.Module, adapter: str | None, packed: bool, kernel: bool
+) -> Projection:
+    """The merged projection of ``mods`` stacked, merged and packed in one pass where the
+    streaming kernel takes it (:func:`kernel_pack`)."""
+    adapted = any(adapter in getattr(m, "lora_A", {}) for m in mods)
+    if kernel and not adapted:  # the base weights' own, packed once for every version
+        shared = shared_kernel_projection(list(mods))
+        if shared is not None:
+            return shared
+    stored = kernel_pack(list(mods), adapter) if kernel else None
+    if stored is not None:
+        return Projection.kernel_packed(stored, stored.shape[0] * 16)
+    if len(mods) == 1:
+        return Projection(merged_weight(mods[0], adapter), packed, kernel)
+    return Projection(torch.cat([merged_weight(m, adapter) for m in mods]), packed, kernel)
+
+
+def empty_cache(
+    layers: int, rows: int, columns: int, kv_heads: int, head_dim: int, keys_transposed: bool,
+    like: torch.Tensor,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:  # fmt: skip
+    """A zeroed (keys, values) pair per layer for ``rows`` rows of ``columns`` tokens, in
+    ``like``'s dtype and device; with ``keys_transposed`` the keys are [d, C] per (row, kv
+    head), where the attention kernel reads them."""
+    shape = (rows, kv_heads, columns, head_dim)
+    key_shape = (rows, kv_heads, head_dim, columns) if keys_transposed else shape
+    kw = {"dtype": like.dtype, "device": like.device}
+    return [(torch.zeros(key_shape, **kw), torch.zeros(shape, **kw)) for _ in range(layers)]
+
+
 class StaticDecoder:
     """A Llama model's forward over merged weights (``net``: the ``transformers`` model,
     plain or inside peft; ``adapter``: the peft adapter name to merge, None = the base)."""
@@ -97,10 +129,9 @@ class StaticDecoder:
         kernels: bool | None = None,
     ) -> None:
         """``packed``: store the projections packed for a CPU kernel (:class:`Projection`: the
-        decoder's own in fp32 where the kernels run and the CPU has AVX-512, oneDNN's
-        otherwise); None packs wherever oneDNN runs (:func:`entrogym.onednn.supported`).
-        ``kernels``: one-token
-        steps on the C++ kernels (:mod:`decode_kernel`, :meth:`_step`), with the keys cached
+        decoder's own in fp32 where the kernels run and the CPU has AVX-512, oneDNN's otherwise);
+        None packs wherever oneDNN runs (:func:`entrogym.onednn.supported`). ``kernels``:
+        one-token steps on the C++ kernels (:mod:`decode_kernel`, :meth:`_step`), keys cached
         transposed; None takes them wherever they run (:func:`decode_kernel.supports`)."""
         get_base = getattr(net, "get_base_model", None)
         lm = get_base() if callable(get_base) else net
@@ -122,20 +153,7 @@ class StaticDecoder:
         self.norm = lm.model.norm
         self.rotary = lm.model.rotary_emb
 
-        def project(*mods: torch.nn.Module) -> Projection:
-            """The merged projection of ``mods`` stacked, merged and packed in one pass where
-            the streaming kernel takes it (:func:`kernel_pack`)."""
-            adapted = any(adapter in getattr(m, "lora_A", {}) for m in mods)
-            if kernel and not adapted:  # the base weights' own, packed once for every version
-                shared = shared_kernel_projection(list(mods))
-                if shared is not None:
-                    return shared
-            stored = kernel_pack(list(mods), adapter) if kernel else None
-            if stored is not None:
-                return Projection.kernel_packed(stored, stored.shape[0] * 16)
-            if len(mods) == 1:
-                return Projection(merged_weight(mods[0], adapter), packed, kernel)
-            return Projection(torch.cat([merged_weight(m, adapter) for m in mods]), packed, kernel)
+        project = functools.partial(_projection, adapter=adapter, packed=packed, kernel=kernel)
 
         # packed, the head is a copy (the weight is often the input embedding itself, tied) that
         # pays: 4.7 ms a step against 15 for SmolLM2's in fp32. Unpacked, [V, hidden] is the
@@ -337,12 +355,8 @@ class StaticDecoder:
         return Kept(list(prompt) + list(completion[:n]), layers, row, spans, id(self))
 
     def _empty_cache(self, rows: int, columns: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """A zeroed (keys, values) pair per layer for ``rows`` rows of ``columns`` tokens; the
-        keys transposed, [d, C] per (row, kv head), where the attention kernel reads them."""
-        shape = (rows, self.kv_heads, columns, self.head_dim)
-        key_shape = (rows, self.kv_heads, self.head_dim, columns) if self.kernels else shape
-        like = {"dtype": self.dtype, "device": self.device}
-        return [(torch.zeros(key_shape, **like), torch.zeros(shape, **like)) for _ in self.layers]
+        args = (self.kv_heads, self.head_dim, self.kernels, self.embed)
+        return empty_cache(len(self.layers), rows, columns, *args)
 
     # ----- sampling ------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -92,6 +93,21 @@ class KeptCaches:
         self._entries[key] = kept
         self._entries.move_to_end(key)
         self._trim()
+
+    def keep_call(
+        self,
+        decoder: Any,
+        keys: Sequence[Hashable | None],
+        prompts: Sequence[list[int]],
+        completions: Sequence[list[int]],
+    ) -> None:
+        """Count and remember each keyed row of ``decoder``'s last call (a ``StaticDecoder``:
+        its ``reused(row)`` and ``kept_row(row, prompt, completion)``) for its key's next
+        turn."""
+        for row, (key, prompt, ids) in enumerate(zip(keys, prompts, completions, strict=True)):
+            if key is not None:
+                self.count(decoder.reused(row))
+                self.put(key, decoder.kept_row(row, prompt, ids))
 
     def forget(self, keys: Iterable[Hashable] | None = None) -> None:
         """Drop the rows kept under ``keys`` (None: all)."""
