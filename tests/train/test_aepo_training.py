@@ -42,10 +42,12 @@ def _record_generate(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[float],
     calls: list[tuple[list[float], str]] = []
     generate = HFEngine.generate
 
-    def recording(self: HFEngine, prompts: Any, params: Any, adapter: Any = None) -> Any:
+    def recording(
+        self: HFEngine, prompts: Any, params: Any, adapter: Any = None, **kwargs: Any
+    ) -> Any:  # kwargs: the rollout's cache_keys, passed on
         listed = params if isinstance(params, list | tuple) else [params] * len(prompts)
         calls.append(([p.temperature for p in listed], str(adapter)))
-        return generate(self, prompts, params, adapter)
+        return generate(self, prompts, params, adapter, **kwargs)
 
     monkeypatch.setattr(HFEngine, "generate", recording)
     return calls
