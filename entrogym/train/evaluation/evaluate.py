@@ -130,12 +130,11 @@ def plan_evaluation(
     max_tasks: int | None = None,
     samples: int = 1,
     on_turn_budget: str | None = None,
-    default_rule: str = "truncate",
 ) -> EvalPlan:
     """The split (None: the env's held-out one), its first ``max_tasks`` tasks, the rollouts'
     env kwargs (the env's ``evaluation_env_kwargs(samples)``, then the user's ``env_kwargs``,
     which win) and the turn-budget rule (``on_turn_budget``, else the env's, else
-    ``default_rule``).
+    ``truncate``: :func:`~entrogym.agents.config.turn_budget_rule`).
     A bad split, keyword or rule is a ValueError."""
     user = dict(env_kwargs or {})
     env = _make_env(env_id, user)  # unknown split / bad data fail here, cheaply
@@ -144,7 +143,7 @@ def plan_evaluation(
         kwargs = (
             dict(env.get_wrapper_attr(ENV_KWARGS_HOOK)(samples)) if ENV_KWARGS_HOOK in hooks else {}
         )
-        rule = turn_budget_rule(env_id, env, on_turn_budget, default_rule)
+        rule = turn_budget_rule(env_id, env, on_turn_budget)
         if not kwargs:
             split, tasks = _split_and_tasks(env, split)
     finally:
