@@ -124,8 +124,8 @@ def _default_runs() -> tuple[str, ...]:
     return RUNS
 
 
-def check_task(role: str, env: str, kwargs: dict[str, Any]) -> None:
-    """The env makes, and has a ``test`` split to hold out (ValueError naming the option)."""
+def check_task(role: str, env: str, kwargs: dict[str, Any], held_out: str = "test") -> None:
+    """The env makes, and has a ``held_out`` split with tasks (ValueError naming the option)."""
     from entrogym.commands.preflight import check_env_id
     from entrogym.envs.base import make_text_env, task_ids_of
 
@@ -136,11 +136,11 @@ def check_task(role: str, env: str, kwargs: dict[str, Any]) -> None:
         raise ValueError(f"task_{role}: cannot make {env!r} with {kwargs}: {exc}") from None
     try:
         splits = tuple(getattr(made.unwrapped, "splits", ()))
-        if "test" not in splits:
-            raise ValueError(f"task_{role}: {env!r} has no held-out 'test' split (its splits: "
-                             f"{list(splits)}); choose a task with one")  # fmt: skip
-        if not task_ids_of(made, "test"):
-            raise ValueError(f"task_{role}: {env!r} has no tasks in its 'test' split")
+        if held_out not in splits:
+            raise ValueError(f"task_{role}: {env!r} has no held-out {held_out!r} split (its "
+                             f"splits: {list(splits)}); choose a task with one")  # fmt: skip
+        if not task_ids_of(made, held_out):
+            raise ValueError(f"task_{role}: {env!r} has no tasks in its {held_out!r} split")
     finally:
         made.close()
 
@@ -160,7 +160,7 @@ def cli(argv: list[str]) -> int:
         a = Task(opts.task_a, opts.task_a_kwargs) if opts.task_a else pair.a
         b = Task(opts.task_b, opts.task_b_kwargs) if opts.task_b else pair.b
         for role, task in (("a", a), ("b", b)):  # before any model loads
-            check_task(role, task.env, task.env_kwargs)
+            check_task(role, task.env, task.env_kwargs, task.held_out)
         name = opts.pair if (a, b) == (pair.a, pair.b) else "custom"
         why = pair.why if name == opts.pair else "given on the command line"
         cores = os.cpu_count() or 1

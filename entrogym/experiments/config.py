@@ -126,6 +126,8 @@ def demo_config(
     eval_samples: int = 1,
     engine_dtype: str | None = None,
     eval_every: int | None = None,
+    eval_split: str = "test",
+    settings: dict[str, Any] | None = None,
 ) -> TrainConfig:
     """The demo's TrainConfig for one algorithm (a ``DemoRun``'s ``algo``); the run folder is
     ``out / (name or algo.name)``.
@@ -135,17 +137,19 @@ def demo_config(
     (the sequential experiment's second stage); ``eval_samples`` samples each held-out task
     that many times (the accuracy is their mean, pass@1); ``engine_dtype`` replaces the
     sampler's fp32 (the learner stays fp32). ``eval_every`` evaluates every that many
-    iterations as well (None: after the first and the last update only)."""
+    iterations as well (None: after the first and the last update only). ``eval_split`` is the
+    held-out split, and ``settings`` are TrainConfig fields that replace the demo's for this
+    task (a ``Task``'s own: a multi-turn env's tool format and context, say)."""
     from entrogym.train.config import TrainConfig
 
     env_kwargs = ENV_KWARGS if env_kwargs is None else env_kwargs
     agent = asdict(demo_agent(engine, model, engine_dtype))
     evaluation: dict[str, Any] = {"eval_env": None, "eval_every": 0, "eval_tasks": None}
     if eval_tasks:  # held-out accuracy after the first and the last update (the plots' panels)
-        evaluation = {"eval_env": env, "eval_env_kwargs": env_kwargs, "eval_split": "test",
+        evaluation = {"eval_env": env, "eval_env_kwargs": env_kwargs, "eval_split": eval_split,
                       "eval_every": eval_every or iterations, "eval_tasks": eval_tasks,
                       "eval_samples": eval_samples}  # fmt: skip
-    return TrainConfig(
+    run = dict(
         **agent,
         env=env,
         env_kwargs=env_kwargs,
@@ -166,3 +170,4 @@ def demo_config(
         threads=threads,
         out=str(out / (name or algo.name)),
     )
+    return TrainConfig(**(run | (settings or {})))

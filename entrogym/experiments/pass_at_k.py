@@ -7,19 +7,37 @@ model) on the first held-out tasks of an env with many samples per task.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from entrogym.agents.config import AgentConfig
 from entrogym.experiments.config import demo_agent
 
 
 @dataclass(frozen=True)
 class Task:
-    """A registered env and its kwargs (its ``test`` split is held out)."""
+    """A registered env and its kwargs, the split held out for evaluation, and the run
+    settings the task needs beside the demo's.
+
+    Attributes:
+        env: the env id.
+        env_kwargs: its keyword arguments.
+        held_out: the split evaluated (and scored for pass@k) after training.
+        settings: ``TrainConfig`` fields that replace the demo's when training or evaluating
+            on this task (a multi-turn env's tool format and context, say); the rollout ones
+            among them apply to pass@k too.
+    """
 
     env: str
     env_kwargs: dict[str, Any] = field(default_factory=dict)
+    held_out: str = "test"
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def agent_settings(self) -> dict[str, Any]:
+        """The ``settings`` that are rollout settings (``AgentConfig`` fields)."""
+        names = {f.name for f in fields(AgentConfig)}
+        return {k: v for k, v in self.settings.items() if k in names}
 
 
 @dataclass(frozen=True)
@@ -56,11 +74,11 @@ def pass_at_k_of(job: PassJob) -> dict[str, float]:
     from entrogym.train.evaluation.scores import pass_at_ks
 
     apply_threads(job.threads)
-    cfg = demo_agent(job.engine, job.model)
+    cfg = replace(demo_agent(job.engine, job.model), **job.task.agent_settings())
     engine = make_engine(cfg.engine, cfg.model, **cfg.engine_kwargs(seed=job.seed))
     try:
         agent = LLMAgent.from_model(cfg.model, **cfg.agent_kwargs())
-        result = evaluate_policy(engine, agent, job.task.env, split="test", samples=job.samples,
+        result = evaluate_policy(engine, agent, job.task.env, split=job.task.held_out, samples=job.samples,
                                  max_tasks=job.tasks, adapter=job.adapter, temperature=1.0,
                                  seed=job.seed, env_kwargs=job.task.env_kwargs)  # fmt: skip
     finally:

@@ -85,12 +85,12 @@ def job_key(job: TrainJob | PassJob) -> str:
 
 
 def held_out_size(task: Task) -> int:
-    """Tasks in ``task``'s held-out (``test``) split."""
+    """Tasks in ``task``'s held-out split."""
     from entrogym.envs.base import make_text_env, task_ids_of
 
     env = make_text_env(task.env, **task.env_kwargs)
     try:
-        return len(task_ids_of(env, "test"))
+        return len(task_ids_of(env, task.held_out))
     finally:
         env.close()
 
@@ -183,7 +183,7 @@ class Plan:
 
     def tasks_used(self) -> dict[str, int]:
         """The held-out task counts the runs use: ``eval_tasks`` and ``pass_tasks`` capped at
-        the size of each task's ``test`` split."""
+        the size of each task's held-out split."""
         a, b = held_out_size(self.pair.a), held_out_size(self.pair.b)
         return {
             "eval_tasks_a": min(self.eval_tasks, a),
@@ -219,6 +219,7 @@ class Plan:
                                      engine=self.engine, name=run.folder, threads=self.threads,
                                      model=self.model, env=pair.a.env,
                                      env_kwargs=pair.a.env_kwargs,
+                                     eval_split=pair.a.held_out, settings=pair.a.settings,
                                      eval_samples=self.eval_samples)  # fmt: skip
                 jobs.append(TrainJob(run.label, seed, 1, config))
         return jobs
@@ -267,6 +268,7 @@ class Plan:
                              engine=self.engine, name=f"{folder.name}-then-{stage2.spec_folder}",
                              threads=self.threads,
                              model=self.model, env=pair.b.env, env_kwargs=pair.b.env_kwargs,
+                             eval_split=pair.b.held_out, settings=pair.b.settings,
                              init_adapter=final_adapter(folder),
                              eval_samples=self.eval_samples,
                              eval_every=self.stage2_eval_every or None)  # fmt: skip

@@ -22,6 +22,22 @@ ARITHMETIC = "entrogym/Arithmetic-v0"
 ADD1 = Task(ARITHMETIC, {"max_digits": 1, "num_train": 100, "num_test": 40})
 # one-digit + and - with negative answers: task A of the later pairs
 NEG1 = Task(ARITHMETIC, {"max_digits": 1, "allow_negative": True, "num_train": 100, "num_test": 40})
+# the multi-turn world (docs/envs.md#the-world), held out on test_normal, with the settings of
+# examples/configs/world-quickstart.yaml: the env's own prompt (no calculator's), one-line
+# calls, room for the tools, two worked examples and six turns; micro-batches of 4 at that
+# context, and the shared opening run once in the update. The base model's test_normal TGC is 15.6 % (docs/results.md, 2026-12-05 21:09).
+WORLD = Task(
+    "entrogym/World-v0",
+    {},
+    held_out="test_normal",
+    settings={
+        "system_prompt": None,
+        "tool_format": "call",
+        "max_context_tokens": 2048,
+        "micro_batch_size": 4,
+        "score_layout": "shared-prefix",
+    },  # fmt: skip
+)
 PAIRS: dict[str, TaskPair] = {
     "add1-add2": TaskPair(
         a=ADD1,
@@ -89,6 +105,20 @@ PAIRS: dict[str, TaskPair] = {
             },
         ),
         why="one-digit + and - with negative answers, then |a - b| of one-digit operands",
+    ),
+    # the paper's direction (AIME, then AppWorld): a math task on which GRPO collapses, then an
+    # agent task that needs exploring (docs/sequential.md)
+    "neg-world": TaskPair(
+        a=NEG1,
+        b=WORLD,
+        why="one-digit + and - with negative answers, then the multi-turn world (tools over "
+        "several turns)",
+    ),
+    # and back: the world first, then the math task
+    "world-neg": TaskPair(
+        a=WORLD,
+        b=NEG1,
+        why="the multi-turn world, then one-digit + and - with negative answers",
     ),
 }
 DEFAULT_PAIR = "add1-add2"

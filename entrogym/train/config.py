@@ -114,7 +114,10 @@ class TrainConfig(AgentConfig):
             log-prob is scored by the learner.
         score_layout: how a micro-batch is laid out for the scoring forward pass: ``trimmed``
             (cut to its own longest row; exact), ``padded`` (the batch's width), or ``packed``
-            (one padding-free row with per-sequence position ids; within ~1e-5 in fp32).
+            (one padding-free row with per-sequence position ids; within ~1e-5 in fp32), or
+            ``shared-prefix`` (the opening every row of the micro-batch shares, such as a
+            multi-turn env's tools and worked examples, run once; needs ``action_only_head``;
+            within ~1e-5 in fp32).
         action_only_head: run the LM head, log-softmax and entropy only at action positions
             (the body still sees the whole context); exact, and most of the head's cost saved
             where prompts and env feedback dominate.
@@ -186,7 +189,7 @@ class TrainConfig(AgentConfig):
     input_dependence_every: int = 0
     input_dependence_tasks: int = 4
     old_logprobs: OldLogprobsName = "learner"
-    score_layout: Literal["padded", "trimmed", "packed"] = "trimmed"
+    score_layout: Literal["padded", "trimmed", "packed", "shared-prefix"] = "trimmed"
     action_only_head: bool = True
     lora_rank: int = 16
     lora_target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))

@@ -142,6 +142,51 @@ def test_eval_samples_reach_every_evaluation_of_both_stages(tmp_path: Path) -> N
     assert two.config.eval_samples == 4 and two.config.env_kwargs["max_digits"] == 2
 
 
+def test_the_world_pairs_train_and_evaluate_with_the_worlds_settings(tmp_path: Path) -> None:
+    """Either stage on the world gets its held-out split, the env's prompt (not the
+    calculator's), one-line calls and its context; the arithmetic stage keeps the demo's."""
+    from entrogym.experiments.sequential import Plan
+
+    grpo = parse_run("grpo")
+    world_first = Plan(tmp_path, "world-neg", PAIRS["world-neg"], [grpo], grpo)
+    (one,) = world_first.stage1_jobs()
+    assert one.config.env == "entrogym/World-v0" and one.config.eval_split == "test_normal"
+    assert one.config.system_prompt is None and one.config.tool_format == "call"
+    assert one.config.max_context_tokens == 2048 and one.config.micro_batch_size == 4
+    folder = tmp_path / "stage1" / "seed0" / "grpo"
+    (folder / "checkpoints" / "iter-000014" / "adapter").mkdir(parents=True)
+    two = world_first.stage2_job({"seed": 0, "label": "grpo", "folder": str(folder)})
+    assert two.config.env == "entrogym/Arithmetic-v0" and two.config.eval_split == "test"
+    assert two.config.system_prompt is not None and two.config.max_context_tokens == 256
+    math_first = Plan(tmp_path / "m", "neg-world", PAIRS["neg-world"], [grpo], grpo)
+    two = math_first.stage2_job({"seed": 0, "label": "grpo", "folder": str(folder)})
+    assert two.config.env == "entrogym/World-v0" and two.config.eval_split == "test_normal"
+    assert two.config.tool_format == "call" and two.config.init_adapter is not None
+    # the held-out counts are the world's test_normal split's (capped there)
+    assert math_first.tasks_used()["eval_tasks_b"] == 40
+
+
+def test_a_world_pair_runs_through_the_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The world as task A: stage 1 and pass@k on its test_normal split, then the math task."""
+    out = tmp_path / "seq"
+    tiny = ["--model", "tiny-random-llama", "--stage1-iterations", "1", "--stage2-iterations",
+            "1", "--eval-tasks", "2", "--pass-tasks", "2", "--pass-samples", "2", "--workers",
+            "1"]  # fmt: skip
+    argv = ["sequential", "--pair", "world-neg", *tiny, "--out", str(out), "--runs", "grpo"]
+    assert main(argv) == 0, capsys.readouterr().err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["pair"]["a"]["held_out"] == "test_normal"
+    (run,) = summary["runs"]
+    assert set(run["stage1"]["pass_at_k"]) == {"1", "2", "distinct"}
+    evals = [json.loads(line) for line in (Path(run["stage1"]["folder"]) / "metrics.jsonl")
+             .read_text().splitlines() if '"kind": "eval"' in line]  # fmt: skip
+    assert evals and all(e["split"] == "test_normal" and "tgc" in e for e in evals)
+    config = (Path(run["stage2"]["folder"]) / "config.yaml").read_text()
+    assert "entrogym/Arithmetic-v0" in config and "init_adapter" in config
+
+
 def test_labels_and_area() -> None:
     assert split_run("held=grpo --algo.lever entropy-bonus") == (
         "held",
@@ -193,4 +238,4 @@ def test_every_registered_pair_makes_with_a_held_out_split(name: str) -> None:
 
     pair = PAIRS[name]
     for role, task in (("a", pair.a), ("b", pair.b)):
-        check_task(role, task.env, task.env_kwargs)  # raises ValueError naming the problem
+        check_task(role, task.env, task.env_kwargs, task.held_out)  # ValueError naming it

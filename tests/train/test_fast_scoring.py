@@ -103,3 +103,51 @@ def test_bad_score_mask_and_layout_raise(policy):
         sequence_logprobs(policy, ids, mask, score_mask=action[:, :5])
     with pytest.raises(ValueError, match="layout must be one of"):
         sequence_logprobs(policy, ids, mask, layout="ragged")
+
+
+def _shared_opening_batch(opening: int = 20) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows that open with the same ``opening`` tokens (a multi-turn env's system prompt),
+    right-padded to different lengths, actions in two turns after the opening."""
+    gen = torch.Generator().manual_seed(4)
+    ids = torch.randint(0, 49152, (4, 44), generator=gen)
+    ids[:, :opening] = ids[0, :opening]
+    mask = torch.ones_like(ids)
+    mask[0, 36:] = 0
+    mask[2, 30:] = 0
+    action = torch.zeros_like(ids, dtype=torch.float32)
+    action[:, opening + 3 : opening + 8] = 1.0
+    action[:, opening + 12 : opening + 16] = 1.0
+    return ids, mask, action * mask
+
+
+def test_shared_prefix_runs_the_opening_once_and_matches_the_padded_path(policy, monkeypatch):
+    from entrogym.train.learner import logprobs
+
+    ids, mask, action = _shared_opening_batch()
+    assert logprobs.shared_prefix_length(ids, mask, action) == 20
+    ref_lp, ref_ent = sequence_logprobs_and_entropy(policy, ids, mask)
+    keep = action.bool()
+    ref_grads = _grads(policy, _weighted_loss(ref_lp, action) + ref_ent[keep].sum())
+    widths = []
+    forward = policy.forward
+    monkeypatch.setattr(policy, "forward", lambda **kw: widths.append(kw["input_ids"].shape)
+                        or forward(**kw))  # fmt: skip
+    lp, ent = sequence_logprobs_and_entropy(policy, ids, mask, score_mask=action,
+                                            layout="shared-prefix")  # fmt: skip
+    assert widths == [(1, 20), (4, 24)]  # the opening once, then each row's rest
+    assert (lp - ref_lp)[keep].abs().max() <= LOGP_TOL
+    assert (ent - ref_ent)[keep].abs().max() <= LOGP_TOL
+    assert lp[~keep].eq(0).all() and ent[~keep].eq(0).all()
+    _assert_same_grads(_grads(policy, _weighted_loss(lp, action) + ent[keep].sum()), ref_grads)
+
+
+def test_shared_prefix_stops_before_a_scored_token_and_falls_back_when_short():
+    from entrogym.train.learner.logprobs import MIN_SHARED_PREFIX, shared_prefix_length
+
+    ids, mask, action = _shared_opening_batch()
+    action[1, 15] = 1.0  # a scored token inside the opening reads position 14
+    assert shared_prefix_length(ids, mask, action) == 14
+    assert shared_prefix_length(ids, mask, None) == 0  # every position is scored
+    assert shared_prefix_length(ids[:1], mask[:1], action[:1]) == 0  # one row: nothing shared
+    short, short_mask, short_action = _shared_opening_batch(opening=MIN_SHARED_PREFIX - 1)
+    assert shared_prefix_length(short, short_mask, short_action) < MIN_SHARED_PREFIX

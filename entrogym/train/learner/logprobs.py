@@ -14,7 +14,12 @@ Two exact ways to do less work (both default off, so the defaults are the origin
   columns that are padding in every row (the micro-batch shrinks to its own longest row);
   ``"packed"`` concatenates the real tokens of all rows into one padding-free row whose
   position ids restart at 0 for each sequence (transformers then builds a block-diagonal
-  causal mask from the position ids, as TRL's and verl's padding-free training do).
+  causal mask from the position ids, as TRL's and verl's padding-free training do);
+  ``"shared-prefix"`` runs the opening the rows share (a multi-turn env's system prompt, tools
+  and worked examples) once and the rest of each row against that one cache, expanded to the
+  rows (with ``score_mask`` only, and only where no scored token lies in the opening; the
+  gradient reaches the opening through the cache). Where the rows share fewer than
+  ``MIN_SHARED_PREFIX`` tokens it is ``"trimmed"``.
 """
 
 from __future__ import annotations
@@ -38,7 +43,9 @@ from entrogym.train.learner.lm_head_kernels import (  # noqa: F401  (re-exported
     token_logprobs_and_entropy,
 )
 
-LAYOUTS = ("padded", "trimmed", "packed")
+LAYOUTS = ("padded", "trimmed", "packed", "shared-prefix")
+# below this many shared tokens a second forward call costs more than it saves
+MIN_SHARED_PREFIX = 16
 
 
 def lm_head_weight(model: torch.nn.Module) -> Tensor:
@@ -149,6 +156,58 @@ def _plan(input_ids: Tensor, mask: Tensor, score_mask: Tensor | None, layout: st
     )
 
 
+def shared_prefix_length(input_ids: Tensor, mask: Tensor, score_mask: Tensor | None) -> int:
+    """Columns ``[0, p)`` that every row holds as real, equal tokens, and whose hidden states
+    no scored token reads (a scored token at column ``c`` reads position ``c - 1``, so
+    ``p <= c - 1``); 0 for one row or without ``score_mask``. Rows are right-padded."""
+    if input_ids.shape[0] < 2 or score_mask is None:
+        return 0
+    shared = mask.all(0) & (input_ids == input_ids[:1]).all(0)
+    p = int(shared.long().cumprod(0).sum())
+    scored = (mask[:, 1:] & mask[:, :-1] & score_mask[:, 1:].bool()).any(0).nonzero()
+    if len(scored):  # column index c - 1 of the first scored token c, as a prefix length
+        p = min(p, int(scored[0]))
+    return p
+
+
+def _score_after_shared_prefix(
+    model: torch.nn.Module,
+    input_ids: Tensor,
+    mask: Tensor,
+    score: Callable[[Tensor, Tensor, Tensor], Tensor],
+    score_mask: Tensor,
+    p: int,
+) -> Tensor:
+    """``_score_sequences`` with the first ``p`` columns (shared by every row) run once: their
+    cache, repeated over the rows, is the past of each row's remaining columns."""
+    head = _lm_head(model)
+    b = input_ids.shape[0]
+    valid = mask[:, 1:] & mask[:, :-1] & score_mask[:, 1:].bool()
+    rows, prev = valid.nonzero(as_tuple=True)
+    cols, targets = prev + 1, input_ids[rows, prev + 1]
+    hi = int(mask.any(0).nonzero()[-1]) + 1  # drop the columns that are padding in every row
+    width = hi - p
+    with _head_replaced(head, lambda hidden, weight: hidden[..., :0]):  # only the cache
+        opening = model(input_ids=input_ids[:1, :p],
+                        position_ids=torch.arange(p, device=input_ids.device)[None],
+                        use_cache=True)  # fmt: skip
+    cache = opening.past_key_values
+    cache.batch_repeat_interleave(b)  # differentiable: the rows' gradients sum into the opening
+
+    def fn(hidden: Tensor, weight: Tensor) -> Tensor:
+        scores = score(hidden.reshape(-1, hidden.shape[-1])[rows * width + (prev - p)], weight,
+                       targets)  # fmt: skip
+        out = scores.new_zeros((*input_ids.shape, scores.shape[-1]))
+        out[rows, cols] = scores
+        return out
+
+    positions = torch.arange(p, hi, device=input_ids.device).expand(b, width)
+    with _head_replaced(head, fn):
+        result = model(input_ids=input_ids[:, p:hi], attention_mask=mask[:, :hi].long(),
+                       position_ids=positions, past_key_values=cache, use_cache=True)  # fmt: skip
+    return result.logits.float()
+
+
 def _score_sequences(
     model: torch.nn.Module,
     input_ids: Tensor,
@@ -163,6 +222,12 @@ def _score_sequences(
     mask = _check_inputs(input_ids, attention_mask, score_mask, layout)
     head = _lm_head(model)
     _check_targets(input_ids, head.weight.shape[0])
+    if layout == "shared-prefix":
+        p = shared_prefix_length(input_ids, mask, score_mask)
+        if p >= MIN_SHARED_PREFIX:
+            assert score_mask is not None  # p is 0 without it
+            return _score_after_shared_prefix(model, input_ids, mask, score, score_mask, p)
+        layout = "trimmed"
     plan = _plan(input_ids, mask, score_mask, layout)
 
     def fn(hidden: Tensor, weight: Tensor) -> Tensor:
