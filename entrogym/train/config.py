@@ -116,8 +116,8 @@ class TrainConfig(AgentConfig):
             (cut to its own longest row; exact), ``padded`` (the batch's width), or ``packed``
             (one padding-free row with per-sequence position ids; within ~1e-5 in fp32), or
             ``shared-prefix`` (the opening every row of the micro-batch shares, such as a
-            multi-turn env's tools and worked examples, run once; needs ``action_only_head``;
-            within ~1e-5 in fp32).
+            multi-turn env's tools and worked examples, run once, the rest packed after it;
+            needs ``action_only_head``; within ~1e-5 in fp32).
         action_only_head: run the LM head, log-softmax and entropy only at action positions
             (the body still sees the whole context); exact, and most of the head's cost saved
             where prompts and env feedback dominate.

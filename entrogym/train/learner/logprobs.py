@@ -16,9 +16,10 @@ Two exact ways to do less work (both default off, so the defaults are the origin
   position ids restart at 0 for each sequence (transformers then builds a block-diagonal
   causal mask from the position ids, as TRL's and verl's padding-free training do);
   ``"shared-prefix"`` runs the opening the rows share (a multi-turn env's system prompt, tools
-  and worked examples) once and the rest of each row against that one cache, expanded to the
-  rows (with ``score_mask`` only, and only where no scored token lies in the opening; the
-  gradient reaches the opening through the cache). Where the rows share fewer than
+  and worked examples) once, then the rest of every row packed into one padding-free row that
+  attends to the opening's cache and causally within its own row (a 4-D mask); with
+  ``score_mask`` only, and only where no scored token lies in the opening. The gradient reaches
+  the opening through the cache. Where the rows share fewer than
   ``MIN_SHARED_PREFIX`` tokens it is ``"trimmed"``.
 """
 
@@ -170,6 +171,19 @@ def shared_prefix_length(input_ids: Tensor, mask: Tensor, score_mask: Tensor | N
     return p
 
 
+def _packed_suffix_mask(lengths: Tensor, p: int, dtype: torch.dtype) -> Tensor:
+    """``[1, 1, S, p + S]`` additive mask of rows packed after a shared opening of ``p``
+    tokens (``lengths``: each row's tokens after it, ``S`` their sum): every token sees the
+    whole opening and the earlier tokens of its own row."""
+    row = torch.repeat_interleave(torch.arange(len(lengths), device=lengths.device), lengths)
+    seen = (row[:, None] == row[None, :]) & torch.ones(
+        len(row), len(row), dtype=torch.bool, device=lengths.device
+    ).tril()
+    allowed = torch.cat([seen.new_ones(len(row), p), seen], 1)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=lengths.device)
+    return mask.masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+
+
 def _score_after_shared_prefix(
     model: torch.nn.Module,
     input_ids: Tensor,
@@ -178,33 +192,34 @@ def _score_after_shared_prefix(
     score_mask: Tensor,
     p: int,
 ) -> Tensor:
-    """``_score_sequences`` with the first ``p`` columns (shared by every row) run once: their
-    cache, repeated over the rows, is the past of each row's remaining columns."""
+    """``_score_sequences`` with the first ``p`` columns (shared by every row) run once; the
+    rows' remaining real tokens follow in one packed row that attends to the opening's cache
+    and, within each row, causally (so no padding is run either)."""
     head = _lm_head(model)
-    b = input_ids.shape[0]
     valid = mask[:, 1:] & mask[:, :-1] & score_mask[:, 1:].bool()
     rows, prev = valid.nonzero(as_tuple=True)
     cols, targets = prev + 1, input_ids[rows, prev + 1]
-    hi = int(mask.any(0).nonzero()[-1]) + 1  # drop the columns that are padding in every row
-    width = hi - p
+    rest = mask[:, p:]  # rows are right-padded: each row's real tokens after the opening
+    lengths = rest.sum(1)
+    starts = lengths.cumsum(0) - lengths  # where each row begins in the packed row
+    positions = (rest.long().cumsum(1) - 1 + p)[rest][None]
     with _head_replaced(head, lambda hidden, weight: hidden[..., :0]):  # only the cache
         opening = model(input_ids=input_ids[:1, :p],
                         position_ids=torch.arange(p, device=input_ids.device)[None],
                         use_cache=True)  # fmt: skip
-    cache = opening.past_key_values
-    cache.batch_repeat_interleave(b)  # differentiable: the rows' gradients sum into the opening
 
     def fn(hidden: Tensor, weight: Tensor) -> Tensor:
-        scores = score(hidden.reshape(-1, hidden.shape[-1])[rows * width + (prev - p)], weight,
-                       targets)  # fmt: skip
+        scores = score(hidden[0, starts[rows] + (prev - p)], weight, targets)
         out = scores.new_zeros((*input_ids.shape, scores.shape[-1]))
         out[rows, cols] = scores
         return out
 
-    positions = torch.arange(p, hi, device=input_ids.device).expand(b, width)
+    dtype = next(model.parameters()).dtype
     with _head_replaced(head, fn):
-        result = model(input_ids=input_ids[:, p:hi], attention_mask=mask[:, :hi].long(),
-                       position_ids=positions, past_key_values=cache, use_cache=True)  # fmt: skip
+        result = model(input_ids=input_ids[:, p:][rest][None],
+                       attention_mask=_packed_suffix_mask(lengths, p, dtype),
+                       position_ids=positions, past_key_values=opening.past_key_values,
+                       use_cache=True)  # fmt: skip
     return result.logits.float()
 
 
