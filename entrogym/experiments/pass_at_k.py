@@ -78,9 +78,10 @@ def pass_at_k_of(job: PassJob) -> dict[str, float]:
     engine = make_engine(cfg.engine, cfg.model, **cfg.engine_kwargs(seed=job.seed))
     try:
         agent = LLMAgent.from_model(cfg.model, **cfg.agent_kwargs())
-        result = evaluate_policy(engine, agent, job.task.env, split=job.task.held_out, samples=job.samples,
-                                 max_tasks=job.tasks, adapter=job.adapter, temperature=1.0,
-                                 seed=job.seed, env_kwargs=job.task.env_kwargs)  # fmt: skip
+        result = evaluate_policy(engine, agent, job.task.env, split=job.task.held_out,
+                                 samples=job.samples, max_tasks=job.tasks, adapter=job.adapter,
+                                 temperature=1.0, seed=job.seed,
+                                 env_kwargs=job.task.env_kwargs)  # fmt: skip
     finally:
         engine.close()
     summary = result.summary

@@ -23,9 +23,10 @@ ADD1 = Task(ARITHMETIC, {"max_digits": 1, "num_train": 100, "num_test": 40})
 # one-digit + and - with negative answers: task A of the later pairs
 NEG1 = Task(ARITHMETIC, {"max_digits": 1, "allow_negative": True, "num_train": 100, "num_test": 40})
 # the multi-turn world (docs/envs.md, "The world"), held out on test_normal, with the settings of
-# examples/configs/world-quickstart.yaml: the env's own prompt (no calculator's), one-line
-# calls, room for the tools, two worked examples and six turns; micro-batches of 4 at that
-# context, and the shared opening run once in the update. The base model's test_normal TGC is 15.6 % (docs/results.md, 2026-12-05 21:09).
+# examples/configs/world-quickstart.yaml (a test keeps them equal): the env's own prompt (no
+# calculator's), one-line calls, room for the tools, two worked examples and six turns;
+# micro-batches of 4 at that context, the shared opening run once in the update. The base
+# model's test_normal TGC is 15.6 % (docs/results.md, 2026-12-05 21:09).
 WORLD = Task(
     "entrogym/World-v0",
     {},
@@ -36,7 +37,7 @@ WORLD = Task(
         "max_context_tokens": 2048,
         "micro_batch_size": 4,
         "score_layout": "shared-prefix",
-    },  # fmt: skip
+    },
 )
 PAIRS: dict[str, TaskPair] = {
     "add1-add2": TaskPair(

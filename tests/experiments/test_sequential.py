@@ -164,6 +164,13 @@ def test_the_world_pairs_train_and_evaluate_with_the_worlds_settings(tmp_path: P
     assert two.config.tool_format == "call" and two.config.init_adapter is not None
     # the held-out counts are the world's test_normal split's (capped there)
     assert math_first.tasks_used()["eval_tasks_b"] == 40
+    # the pairs' world settings are the multi-turn quickstart's
+    import yaml
+
+    config = Path(__file__).resolve().parents[2] / "examples/configs/world-quickstart.yaml"
+    quickstart = yaml.safe_load(config.read_text())
+    for key, value in PAIRS["neg-world"].b.settings.items():
+        assert quickstart.get(key) == value or (key == "system_prompt" and key not in quickstart)
 
 
 def test_a_world_pair_runs_through_the_command(

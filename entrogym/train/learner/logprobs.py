@@ -98,6 +98,7 @@ class _Plan:
     rows: Tensor  # [N] output coordinates of the scored tokens
     cols: Tensor
     targets: Tensor  # [N] the scored token ids
+    opening: int = 0  # shared-prefix: columns run once before, whose cache every row attends to
 
 
 def _check_inputs(
@@ -119,15 +120,38 @@ def _check_inputs(
     return attention_mask.bool()
 
 
-def _plan(input_ids: Tensor, mask: Tensor, score_mask: Tensor | None, layout: str) -> _Plan:
-    """Scored positions: both tokens real (and, with ``score_mask``, the target an action)."""
-    b, t = input_ids.shape
+def _scored(mask: Tensor, score_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+    """``(rows, prev)`` of the scored tokens, row-major: both tokens real (and, with
+    ``score_mask``, the target an action); token ``(row, prev + 1)`` is read from ``prev``."""
     valid = mask[:, 1:] & mask[:, :-1]
     if score_mask is not None:
         valid = valid & score_mask[:, 1:].bool()
-    rows, prev = valid.nonzero(as_tuple=True)  # row-major: the order of hidden[:, :-1][valid]
+    return valid.nonzero(as_tuple=True)  # row-major: the order of hidden[:, :-1][valid]
+
+
+def _plan(input_ids: Tensor, mask: Tensor, score_mask: Tensor | None, layout: str) -> _Plan:
+    """What the body sees for ``layout``, and where each scored token reads its hidden state."""
+    b, t = input_ids.shape
+    rows, prev = _scored(mask, score_mask)
     cols = prev + 1
     targets = input_ids[rows, cols]
+    if layout == "shared-prefix":
+        p = shared_prefix_length(input_ids, mask, score_mask)
+        if p >= MIN_SHARED_PREFIX:
+            rest = mask[:, p:]  # rows are right-padded: each row's real tokens after the opening
+            lengths = rest.sum(1)
+            starts = lengths.cumsum(0) - lengths  # where each row begins in the packed row
+            return _Plan(
+                input_ids[:, p:][rest][None],
+                _packed_after_opening(lengths, p),
+                (rest.long().cumsum(1) - 1 + p)[rest][None],
+                starts[rows] + (prev - p),
+                rows,
+                cols,
+                targets,
+                opening=p,
+            )
+        layout = "trimmed"
     # Positions count real tokens only, so left padding gives the positions the sampler used.
     position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
     if layout == "packed" and mask.any():
@@ -165,62 +189,30 @@ def shared_prefix_length(input_ids: Tensor, mask: Tensor, score_mask: Tensor | N
         return 0
     shared = mask.all(0) & (input_ids == input_ids[:1]).all(0)
     p = int(shared.long().cumprod(0).sum())
-    scored = (mask[:, 1:] & mask[:, :-1] & score_mask[:, 1:].bool()).any(0).nonzero()
-    if len(scored):  # column index c - 1 of the first scored token c, as a prefix length
-        p = min(p, int(scored[0]))
+    _, prev = _scored(mask, score_mask)
+    if len(prev):  # column c - 1 of the first scored token c, as a prefix length
+        p = min(p, int(prev.min()))
     return p
 
 
-def _packed_suffix_mask(lengths: Tensor, p: int, dtype: torch.dtype) -> Tensor:
-    """``[1, 1, S, p + S]`` additive mask of rows packed after a shared opening of ``p``
+def _packed_after_opening(lengths: Tensor, p: int) -> Tensor:
+    """``[1, 1, S, p + S]`` mask (True: attend) of rows packed after a shared opening of ``p``
     tokens (``lengths``: each row's tokens after it, ``S`` their sum): every token sees the
     whole opening and the earlier tokens of its own row."""
     row = torch.repeat_interleave(torch.arange(len(lengths), device=lengths.device), lengths)
-    seen = (row[:, None] == row[None, :]) & torch.ones(
-        len(row), len(row), dtype=torch.bool, device=lengths.device
-    ).tril()
-    allowed = torch.cat([seen.new_ones(len(row), p), seen], 1)
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=lengths.device)
-    return mask.masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+    at = torch.arange(len(row), device=lengths.device)
+    own = (row[:, None] == row[None, :]) & (at[:, None] >= at[None, :])
+    return torch.cat([own.new_ones(len(row), p), own], 1)[None, None]
 
 
-def _score_after_shared_prefix(
-    model: torch.nn.Module,
-    input_ids: Tensor,
-    mask: Tensor,
-    score: Callable[[Tensor, Tensor, Tensor], Tensor],
-    score_mask: Tensor,
-    p: int,
-) -> Tensor:
-    """``_score_sequences`` with the first ``p`` columns (shared by every row) run once; the
-    rows' remaining real tokens follow in one packed row that attends to the opening's cache
-    and, within each row, causally (so no padding is run either)."""
-    head = _lm_head(model)
-    valid = mask[:, 1:] & mask[:, :-1] & score_mask[:, 1:].bool()
-    rows, prev = valid.nonzero(as_tuple=True)
-    cols, targets = prev + 1, input_ids[rows, prev + 1]
-    rest = mask[:, p:]  # rows are right-padded: each row's real tokens after the opening
-    lengths = rest.sum(1)
-    starts = lengths.cumsum(0) - lengths  # where each row begins in the packed row
-    positions = (rest.long().cumsum(1) - 1 + p)[rest][None]
-    with _head_replaced(head, lambda hidden, weight: hidden[..., :0]):  # only the cache
-        opening = model(input_ids=input_ids[:1, :p],
-                        position_ids=torch.arange(p, device=input_ids.device)[None],
-                        use_cache=True)  # fmt: skip
-
-    def fn(hidden: Tensor, weight: Tensor) -> Tensor:
-        scores = score(hidden[0, starts[rows] + (prev - p)], weight, targets)
-        out = scores.new_zeros((*input_ids.shape, scores.shape[-1]))
-        out[rows, cols] = scores
-        return out
-
-    dtype = next(model.parameters()).dtype
-    with _head_replaced(head, fn):
-        result = model(input_ids=input_ids[:, p:][rest][None],
-                       attention_mask=_packed_suffix_mask(lengths, p, dtype),
-                       position_ids=positions, past_key_values=opening.past_key_values,
-                       use_cache=True)  # fmt: skip
-    return result.logits.float()
+def _opening_cache(model: torch.nn.Module, head: torch.nn.Module, input_ids: Tensor, p: int):
+    """The KV cache of the first ``p`` columns of row 0 (the opening every row shares), with
+    gradients: it is the past of every row's packed rest."""
+    with _head_replaced(head, lambda hidden, weight: hidden[..., :0]):  # no head: the cache
+        out = model(input_ids=input_ids[:1, :p],
+                    position_ids=torch.arange(p, device=input_ids.device)[None],
+                    use_cache=True)  # fmt: skip
+    return out.past_key_values
 
 
 def _score_sequences(
@@ -237,13 +229,14 @@ def _score_sequences(
     mask = _check_inputs(input_ids, attention_mask, score_mask, layout)
     head = _lm_head(model)
     _check_targets(input_ids, head.weight.shape[0])
-    if layout == "shared-prefix":
-        p = shared_prefix_length(input_ids, mask, score_mask)
-        if p >= MIN_SHARED_PREFIX:
-            assert score_mask is not None  # p is 0 without it
-            return _score_after_shared_prefix(model, input_ids, mask, score, score_mask, p)
-        layout = "trimmed"
     plan = _plan(input_ids, mask, score_mask, layout)
+    past, attention = None, plan.attention_mask
+    if plan.opening:
+        past = _opening_cache(model, head, input_ids, plan.opening)
+        # an additive 4-D mask: eager attention adds it, SDPA takes it as is
+        dtype = next(model.parameters()).dtype
+        attention = torch.zeros(attention.shape, dtype=dtype, device=attention.device)
+        attention = attention.masked_fill(~plan.attention_mask, torch.finfo(dtype).min)
 
     def fn(hidden: Tensor, weight: Tensor) -> Tensor:
         # The head sees only the scored rows: the LM-head cost follows the action tokens.
@@ -255,9 +248,10 @@ def _score_sequences(
     with _head_replaced(head, fn):
         result = model(
             input_ids=plan.input_ids,
-            attention_mask=plan.attention_mask,
+            attention_mask=attention,
             position_ids=plan.position_ids,
-            use_cache=False,
+            past_key_values=past,
+            use_cache=past is not None,
         )
     return result.logits.float()
 
