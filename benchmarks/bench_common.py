@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import subprocess
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent
 
 # The GRPO iteration both workers run: the demo's shapes (48 response tokens, 256 context tokens,
 # one epoch in two minibatches, LoRA 16/32, the TrainConfig defaults it keeps) at 6 tasks x 4
@@ -49,6 +54,9 @@ class Workload:
     threads: int | None = None
     seed: int = 0
     settings: dict = field(default_factory=lambda: dict(DEMO))
+    # The multi-turn workload (``bench_multiturn.py``): {"turns", "latency_ms"}; the prompts
+    # are then the rows of multiturn_env's TalkTools conversations; None: the demo's tasks.
+    multiturn: dict | None = None
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self)))
@@ -145,3 +153,27 @@ class PeakRss:
         self._stop.set()
         self._thread.join()
         return self.peak / 2**20
+
+
+def run_worker(cmd: list[str], result: Path, timeout: float) -> dict:
+    """Runs one benchmark worker process (``benchmarks/`` on its path) and returns the JSON it
+    wrote to ``result``, with the peak RSS of its process tree; a failure exits with its
+    output's tail."""
+    env = dict(os.environ, BENCH_SPAWN_TIME=repr(time.time()))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH")) if p)
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    rss = PeakRss(proc.pid)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    finally:
+        peak = rss.stop()
+        if proc.poll() is None:
+            proc.kill()
+    if proc.returncode != 0:
+        tail = output.decode(errors="replace")[-3000:]
+        raise SystemExit(f"benchmark worker {cmd[1]} failed ({proc.returncode}):\n{tail}")
+    out = json.loads(result.read_text())
+    out["peak_rss_mb"] = peak
+    return out

@@ -56,7 +56,7 @@ def train_config(work: Workload, opts: BenchOptions, out: Path) -> Any:
     s = work.settings
     # the engine goes through demo_config, which keeps the decode path the hf engine's only
     cfg = demo_config(get_algorithm("grpo"), out, work.iterations, s["lr"], eval_tasks=0,
-                      engine=opts.engine)  # fmt: skip
+                      engine=opts.engine, **multiturn_task(work))  # fmt: skip
     # replace() re-runs TrainConfig's validation on the new values
     return dataclasses.replace(
         cfg,
@@ -81,6 +81,23 @@ def train_config(work: Workload, opts: BenchOptions, out: Path) -> Any:
         old_logprobs=opts.old_logprobs,
         **SCORING[opts.scoring],
     )
+
+
+def multiturn_task(work: Workload) -> dict[str, Any]:
+    """demo_config's task for the multi-turn workload (none for the demo's): TalkTools (one tool,
+    every turn a call but the last; multiturn_env.py) on the workload's rows, the tools shown by
+    the chat template, and a turn that reaches its token budget still a turn (``step``)."""
+    if work.multiturn is None:
+        return {}
+    s = work.settings
+    rows = [{"prompt": p} for p in work.prompts]
+    return {
+        "env": "multiturn_env:TalkTools-v0",
+        "env_kwargs": {"dataset": rows, "max_turns": work.multiturn["turns"]},
+        "settings": {"tool_format": "template", "on_turn_budget": "step",
+                     "max_response_tokens": s["max_response_tokens"],
+                     "max_context_tokens": s["max_context_tokens"]},
+    }  # fmt: skip
 
 
 class LearnerCounts:
@@ -119,6 +136,10 @@ def run(work: Workload, opts: BenchOptions) -> dict:
 
     t_spawn = float(os.environ.get("BENCH_SPAWN_TIME", time.time()))
     torch.manual_seed(work.seed)
+    if work.multiturn is not None:
+        from multiturn_env import set_tool_latency
+
+        set_tool_latency(work.multiturn["latency_ms"])
     with tempfile.TemporaryDirectory(prefix="entrogym-bench-") as tmp:
         cfg = train_config(work, opts, Path(tmp))
         sampler_engine = device_engine(cfg, work.device)

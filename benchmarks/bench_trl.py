@@ -36,6 +36,61 @@ def _reward_fn(answers: dict[str, str], generated: list[int]):
     return correct
 
 
+def force_say(parse):
+    """TRL's ``parse_response`` with every turn read as one call to TalkTools' ``say`` with the
+    turn's text (multiturn_env.py: entrogym's side reads its turns the same way), so that every
+    episode runs ``max_tool_calling_iterations`` + 1 turns whatever the model writes; TRL's own
+    parse still runs on every turn."""
+
+    def parse_response(tokenizer, ids, prefix=None, tools=None):
+        text = parse(tokenizer, ids, prefix=prefix, tools=tools).get("content") or ""
+        call = {"type": "function", "function": {"name": "say", "arguments": {"text": text}}}
+        return {"role": "assistant", "content": text, "tool_calls": [call]}
+
+    return parse_response
+
+
+def multiturn_setup(work: Workload) -> dict:
+    """GRPOConfig fields and GRPOTrainer arguments of the multi-turn workload (TalkTools through
+    ``environment_factory``, each turn exactly ``max_response_tokens`` tokens); patches TRL's
+    turn parsing (:func:`force_say`)."""
+    import trl.trainer.grpo_trainer as grpo_trainer
+    from multiturn_env import TalkTools, set_tool_latency
+
+    s, turns = work.settings, work.multiturn["turns"]
+    set_tool_latency(work.multiturn["latency_ms"])
+    grpo_trainer.parse_response = force_say(grpo_trainer.parse_response)
+    budget = s["max_response_tokens"]
+    config = {
+        "max_tool_calling_iterations": turns - 1,
+        # TRL's budget covers every turn and the tool replies between them; each turn's own
+        # is max_new_tokens (all of it: EOS held back, as entrogym's ignore_eos)
+        "max_completion_length": s["max_context_tokens"],
+        "generation_kwargs": {"max_new_tokens": budget, "min_new_tokens": budget},
+    }
+    return {"config": config, "trainer": {"environment_factory": TalkTools, "reward_funcs": None}}
+
+
+def count_tokens(trainer, generated: list[int], learner: list[int]) -> None:
+    """Appends to ``generated`` the tokens of each of the trainer's generation passes (one per
+    turn), and to ``learner`` each batch's prompt and completion tokens, the tool replies among
+    them (TRL's ``num_input_tokens_seen`` leaves those out, though its learner runs on them)."""
+    single_turn, batch = trainer._generate_single_turn, trainer._generate_and_score_completions
+
+    def counted_turn(*args, **kwargs):
+        ids, logprobs = single_turn(*args, **kwargs)
+        generated.append(sum(len(x) for x in ids))
+        return ids, logprobs
+
+    def counted_batch(*args, **kwargs):
+        out = batch(*args, **kwargs)
+        learner.append(int(out["prompt_mask"].sum() + out["completion_mask"].sum()))
+        return out
+
+    trainer._generate_single_turn = counted_turn
+    trainer._generate_and_score_completions = counted_batch
+
+
 def run(work: Workload, overrides: dict | None = None, callbacks: list | None = None) -> dict:
     """Train ``work`` with GRPOTrainer; ``overrides`` replace GRPOConfig fields (adaptive
     entropy, logging), ``callbacks`` join the timing one."""
@@ -52,7 +107,8 @@ def run(work: Workload, overrides: dict | None = None, callbacks: list | None = 
     per_iteration = s["tasks"] * s["samples"]
     stamps: list[float] = []
     seen: list[int] = []  # TRL's prompt + completion tokens so far, after each step
-    generated: list[int] = []  # completion tokens of each generation (one per iteration)
+    generated: list[int] = []  # completion tokens of each generation pass
+    generated_seen: list[int] = []  # their sum so far, after each step
 
     class Stamps(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
@@ -61,9 +117,11 @@ def run(work: Workload, overrides: dict | None = None, callbacks: list | None = 
 
         def on_step_end(self, args, state, control, **kwargs):
             stamps.append(time.perf_counter())
-            seen.append(state.num_input_tokens_seen)
+            seen.append(sum(learner_counts) if multiturn else state.num_input_tokens_seen)
+            generated_seen.append(sum(generated))
 
     answers = {p[-1]["content"]: a for p, a in zip(work.prompts, work.answers, strict=True)}
+    multiturn = multiturn_setup(work) if work.multiturn is not None else None
     with tempfile.TemporaryDirectory(prefix="trl-bench-") as tmp:
         settings = {
             "output_dir": tmp,
@@ -101,10 +159,14 @@ def run(work: Workload, overrides: dict | None = None, callbacks: list | None = 
                 {"min_new_tokens": s["max_response_tokens"]} if s.get("ignore_eos") else None
             ),
         }
+        trainer_args = {"reward_funcs": _reward_fn(answers, generated)}
+        if multiturn is not None:
+            settings |= multiturn["config"]
+            trainer_args = multiturn["trainer"]
         config = GRPOConfig(**(settings | (overrides or {})))
         trainer = GRPOTrainer(
             model=work.model_dir,
-            reward_funcs=_reward_fn(answers, generated),
+            **trainer_args,
             args=config,
             train_dataset=Dataset.from_list([{"prompt": p} for p in work.prompts]),
             peft_config=LoraConfig(
@@ -116,6 +178,9 @@ def run(work: Workload, overrides: dict | None = None, callbacks: list | None = 
             ),
             callbacks=[Stamps(), *(callbacks or [])],
         )
+        learner_counts: list[int] = []
+        if multiturn is not None:  # every turn's tokens (no reward function sees them)
+            count_tokens(trainer, generated, learner_counts)
         trainer.train()
     steps = per_iteration // minibatch
     t_begin, startup_s, ends = stamps[0], stamps[1], stamps[2:]
@@ -123,6 +188,8 @@ def run(work: Workload, overrides: dict | None = None, callbacks: list | None = 
     seconds = [b - a for a, b in zip(marks, marks[1:], strict=False)]
     ends_seen = seen[steps - 1 :: steps]
     learner = [b - a for a, b in zip([0, *ends_seen], ends_seen, strict=False)]
+    ends_generated = generated_seen[steps - 1 :: steps]
+    generated = [b - a for a, b in zip([0, *ends_generated], ends_generated, strict=False)]
     iterations = [
         {"seconds": x, "generated_tokens": g, "learner_tokens": n}
         for x, g, n in zip(seconds, generated, learner, strict=True)

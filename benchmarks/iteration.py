@@ -30,6 +30,10 @@ of ``--roofline-engines`` and ``--roofline-dtypes`` (a fresh process each: start
 apart, the median of at least 3 repetitions, each with its load average), each row with its
 own rates and fraction; a row that cannot run is skipped with a one-line reason.
 
+``--multiturn`` (``make bench`` passes it) adds the multi-turn row, ``bench_multiturn.py``:
+entrogym's loops against TRL's ``environment_factory`` loop on a conversation with one tool,
+under ``multiturn`` in the JSON (its options: ``--multiturn-*``).
+
 ``--vs-trl`` needs the ``.venv-bench`` environment that ``make bench`` builds.
 """
 
@@ -42,10 +46,10 @@ import random
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from bench_common import DEMO, PeakRss, Workload
+import bench_multiturn
+from bench_common import DEMO, Workload, run_worker
 from bench_report import build_report, table, timed_index
 from host_features import describe, host_features, phase_kernels
 
@@ -106,27 +110,6 @@ def build_workload(args: argparse.Namespace) -> Workload:
         seed=args.seed,
         settings=settings,
     )
-
-
-def run_worker(cmd: list[str], result: Path, timeout: float) -> dict:
-    env = dict(os.environ, BENCH_SPAWN_TIME=repr(time.time()))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH")) if p)
-    proc = subprocess.Popen(
-        cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
-    rss = PeakRss(proc.pid)
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    finally:
-        peak = rss.stop()
-        if proc.poll() is None:
-            proc.kill()
-    if proc.returncode != 0:
-        tail = output.decode(errors="replace")[-3000:]
-        raise SystemExit(f"benchmark worker {cmd[1]} failed ({proc.returncode}):\n{tail}")
-    out = json.loads(result.read_text())
-    out["peak_rss_mb"] = peak
-    return out
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -208,6 +191,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=True,
         help="time generation alone per engine and sampler dtype, each against its roofline",
     )
+    p.add_argument(
+        "--multiturn",
+        action="store_true",
+        help="also the multi-turn row (bench_multiturn.py; needs --vs-trl): its --multiturn-* "
+        "options set its workload",
+    )
+    bench_multiturn.add_arguments(p, prefix="multiturn-")
     p.add_argument("--roofline-engines", nargs="+", choices=ROW_ENGINES, default=list(ROW_ENGINES))
     p.add_argument("--roofline-dtypes", nargs="+", choices=ROW_DTYPES, default=list(ROW_DTYPES))
     return p.parse_args(argv)
@@ -252,10 +242,14 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
     report = build_report(runs, args, work.settings, generation)
+    if args.multiturn:
+        report["multiturn"] = bench_multiturn.measure(bench_multiturn.options(args, "multiturn-"))
     report["host"] = host_record(args, work.model_dir, runs["entrogym"][0]["engine_dtype"])
     print(describe(report["host"], report["host"]["kernels"]), file=sys.stderr)
     print(json.dumps(report, indent=1))
     print(table(report), file=sys.stderr)  # for people; stdout stays one JSON document
+    if args.multiturn:
+        print("\n" + bench_multiturn.table(report["multiturn"]), file=sys.stderr)
     return 0
 
 
@@ -330,6 +324,10 @@ def check_args(args: argparse.Namespace) -> None:
         raise SystemExit(
             f"--vs-trl needs TRL's benchmark environment ({problem}); build it with: make bench"
         )
+    if args.multiturn:
+        if not args.vs_trl:
+            raise SystemExit("--multiturn measures against TRL: add --vs-trl (make bench does)")
+        bench_multiturn.check(bench_multiturn.options(args, "multiturn-"))
     if args.device == "cuda":
         import torch
 
