@@ -33,7 +33,7 @@ import tempfile
 from pathlib import Path
 
 from bench_common import DEMO, HERE, ROOT, Workload, run_worker
-from bench_report import EQUAL_WORK, summarize
+from bench_report import EQUAL_WORK, summarize, timed_index
 
 BENCH_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
 FRAMEWORKS = ("entrogym", "entrogym_async", "trl")
@@ -161,7 +161,7 @@ def measure(opts: argparse.Namespace) -> dict:
                 )
                 out["load_1min"] = load
                 runs.setdefault(cell, []).append(out)
-                timed = out["iterations"][min(1, len(out["iterations"]) - 1)]
+                timed = out["iterations"][timed_index(len(out["iterations"]))]
                 print(f"multi-turn rep {rep + 1}/{opts.reps} {framework} {turns} turns "
                       f"{latency:g} ms: {timed['seconds']:.2f} s, load {load:.2f}",
                       file=sys.stderr, flush=True)  # fmt: skip

@@ -109,6 +109,7 @@ def run(work: Workload, overrides: dict | None = None, callbacks: list | None = 
     seen: list[int] = []  # TRL's prompt + completion tokens so far, after each step
     generated: list[int] = []  # completion tokens of each generation pass
     generated_seen: list[int] = []  # their sum so far, after each step
+    learner_counts: list[int] = []  # multi-turn: learner tokens of each batch (count_tokens)
 
     class Stamps(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
@@ -178,7 +179,6 @@ def run(work: Workload, overrides: dict | None = None, callbacks: list | None = 
             ),
             callbacks=[Stamps(), *(callbacks or [])],
         )
-        learner_counts: list[int] = []
         if multiturn is not None:  # every turn's tokens (no reward function sees them)
             count_tokens(trainer, generated, learner_counts)
         trainer.train()
