@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, get_loader, set_loader
 
-from entrogym.algos import AlgorithmConfig
+from entrogym.algos import AlgorithmConfig, algorithm_mapping
 from entrogym.algos.finite import check_finite_values
 from entrogym.commands.algo_text import (
     algo_args_mapping,
@@ -40,6 +40,7 @@ from entrogym.yaml_limits import check_yaml
 
 BOOL_WORDS = frozenset({"true", "false", "yes", "no", "True", "False", "1", "0"})
 _OPTION = re.compile(r"--[A-Za-z0-9_.]+")
+_PRINT_CONFIG = re.compile(r"--print[-_]config(=.*)?")
 _NONFINITE_WORD = re.compile(
     r'Parser key "([\w.]+)": Expected a <class \'float\'>\. Got value: ([-+]?(?:inf|infinity|nan))$',
     re.IGNORECASE,
@@ -290,9 +291,25 @@ def parse_options(parser: ArgumentParser, argv: list[str], config_cls: type) -> 
     if _has_algo(config_cls):  # --algo... options have their own reader (algo_text)
         algo_tokens, argv = split_algo_args(argv)
     try:
+        if algo_tokens and any(_PRINT_CONFIG.fullmatch(token) for token in argv):
+            argv = _with_merged_algo(parser, argv, config_cls, algo_tokens)
         return config_from(parse_namespace(parser, argv), config_cls, algo_tokens)
     except TypeError as exc:  # a dataclass refusing a value
         raise ValueError(str(exc)) from exc
+
+
+def _with_merged_algo(
+    parser: ArgumentParser, argv: list[str], config_cls: type, algo_tokens: list[str]
+) -> list[str]:
+    """``argv`` with the algorithm that the ``--algo...`` options and the config file give
+    together as one ``--algo MAPPING``, so that jsonargparse's ``--print-config`` (which
+    prints and exits while it parses) shows the algorithm the command would run, not the
+    file's: those options are read apart from jsonargparse (``algo_text``)."""
+    without = [token for token in argv if not _PRINT_CONFIG.fullmatch(token)]
+    merged = config_from(parse_namespace(parser, without), config_cls, algo_tokens).algo
+    if isinstance(merged, AlgorithmConfig):
+        merged = algorithm_mapping(merged)
+    return [*argv, "--algo", json.dumps(merged)]
 
 
 def run_command(prog: str, body: Callable[[], int], interrupted: str | None = None) -> int:

@@ -249,3 +249,23 @@ def test_bad_input_is_one_line_and_exit_code_2(cli, argv, needle, capsys) -> Non
     assert cli(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and needle in err and "Traceback" not in err
+
+
+def test_print_config_shows_the_algorithm_the_command_line_gives(tmp_path: Path, capsys) -> None:
+    """--print-config prints what the run would use: --algo options merged over the file's
+    algo: mapping (they are read apart from jsonargparse, which printed the file's alone)."""
+    from entrogym.commands import train
+
+    config = tmp_path / "run.yaml"
+    config.write_text("algo: {name: grpo, minibatch_size: 8}\niterations: 3\n")
+    argv = ["--config", str(config), "--algo", "rloo", "--algo.minibatch-size", "none"]
+    with pytest.raises(SystemExit) as exit_info:
+        train.cli([*argv, "--print-config"])
+    assert exit_info.value.code == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["algo"] == algorithm_mapping(parse_config(argv).algo)
+    assert (printed["algo"]["name"], printed["algo"]["minibatch_size"]) == ("rloo", None)
+    assert printed["iterations"] == 3
+    with pytest.raises(SystemExit):  # jsonargparse's flags still apply
+        train.cli([*argv, "--print-config=skip_default"])
+    assert yaml.safe_load(capsys.readouterr().out)["algo"]["name"] == "rloo"
