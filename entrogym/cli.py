@@ -35,6 +35,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "train": ("entrogym.commands.train:cli", "RL-train a LoRA policy on a text env with a preset"),
     "plot": ("entrogym.commands.plot:cli", "draw entropy / accuracy panels from run folders"),
+    "compare": (
+        "entrogym.commands.compare:cli",
+        "runs side by side: accuracy over seeds with 95 % intervals, the paper's claims",
+    ),
     "demo": ("entrogym.commands.demo:cli", "the main demo (what `make demo` runs)"),
     "sequential": (
         "entrogym.commands.sequential:cli",

@@ -9,6 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+# The tracking goal (docs/demo.md; `entrogym compare` reports it): a held run stays within +-BAND
+# of its target at every iteration from index FIRST_TRACKED (the 3rd iteration) on; the first
+# two are the controller's to find its coefficient.
+BAND, FIRST_TRACKED = 0.25, 2
+
 
 def filled_targets(targets: Sequence[float | None], entropy: Sequence[float]) -> list[float]:
     """A run's per-iteration targets with the iterations before the target was known (a target
