@@ -13,6 +13,7 @@ from __future__ import annotations
 from entrogym.experiments import (
     AGENT,
     DEFAULT_LR,
+    DEFAULT_RUNS,
     ENV,
     ENV_KWARGS,
     PAIRS,
@@ -22,7 +23,7 @@ from entrogym.experiments import (
 )
 
 __all__ = [
-    "AGENT", "DEFAULT_LR", "ENV", "ENV_KWARGS", "PAIRS", "SYSTEM_PROMPT", "demo_agent", "demo_config",
+    "AGENT", "DEFAULT_LR", "DEFAULT_RUNS", "ENV", "ENV_KWARGS", "PAIRS", "SYSTEM_PROMPT", "demo_agent", "demo_config",
     "demo_prompts",
 ]  # fmt: skip
 

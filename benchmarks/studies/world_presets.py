@@ -1,0 +1,140 @@
+"""The presets side by side on the world (``entrogym/World-v0``): does a preset that keeps
+entropy end with a higher held-out TGC than GRPO where the agent must find which tools to call?
+
+Each preset and seed trains as ``examples/configs/world-quickstart.yaml`` does (20 iterations,
+4 tasks x 4 samples), one thread a run and ``--lanes`` runs at a time, evaluated on
+``test_normal``'s first 40 tasks after iterations 0, 10 and 19, with the input dependence every 5
+iterations; its final adapter is then evaluated on ``test_challenge`` into ``RUN/challenge``.
+A run whose challenge evaluation exists is not run again, so a stopped study resumes where it
+stopped. ``--archive DIR`` copies each finished run's small files (metrics, config, the challenge
+evaluation; no adapters) into ``DIR/NAME-sSEED``, where ``entrogym compare DIR/*`` reads them
+again without the runs. At the end it prints ``entrogym compare`` over every finished run.
+
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/studies/world_presets.py --seeds 1 2 \
+        --out runs/world-presets --archive benchmarks/results/world-presets
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/studies/world_presets.py --presets grpo held \
+        --seeds 0 --archive-only --out runs/world-presets --archive benchmarks/results/world-presets
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+# The shared benchmark modules (demo_workload.py, ...) sit one folder up.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from demo_workload import DEFAULT_RUNS  # noqa: E402
+
+from entrogym.commands.demo_runs import split_run  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "examples" / "configs" / "world-quickstart.yaml"
+ENTROGYM = [sys.executable, "-m", "entrogym"]
+# The demo's held run: the entropy constraint holding the policy's exact entropy on fixed probe
+# states at its start (docs/demo.md); held-half holds half of it.
+HELD = dict(split_run(text) for text in DEFAULT_RUNS)["held"]
+PRESETS: dict[str, str] = {
+    "grpo": "grpo",
+    # the preset's own update: one on-policy step on all 16 rows, no minibatches
+    "rloo": "rloo --algo.minibatch-size none",
+    "dapo": "dapo",
+    "gspo": "gspo",
+    "adapo": "adapo",
+    "repo-r": "repo-r",
+    "repo-d": "repo-d",
+    "held": HELD,
+    "held-half": f"{HELD} --algo.controller.target 0.5",
+}
+# what the issue's comparison fixed for every run beside the quickstart's settings
+RUN_OPTIONS = ["--threads", "1", "--eval-every", "10", "--input-dependence-every", "5"]
+# the eval settings the quickstart trains with (docs/envs.md, "Training on it")
+CHALLENGE = ["--env", "entrogym/World-v0", "--split", "test_challenge", "--tool-format", "call",
+             "--engine", "hf", "--engine-dtype", "fp32", "--max-response-tokens", "48",
+             "--max-context-tokens", "2048", "--threads", "1"]  # fmt: skip
+# what --archive keeps of a run: all that `entrogym compare` and the results log read
+KEPT = ("metrics.jsonl", "config.yaml", "entrogym-run.json", "challenge/eval.json")
+# the adapter after the quickstart's 20th (last) iteration
+FINAL_ADAPTER = Path("checkpoints", "iter-000019", "adapter")
+
+
+def train_command(preset: str, seed: int, folder: Path) -> list[str]:
+    """``entrogym train`` for one preset and seed: the preset's spec as ``--algo`` options."""
+    name, *options = PRESETS[preset].split()
+    return [*ENTROGYM, "train", "--config", str(CONFIG), "--algo", name, *options,
+            "--seed", str(seed), *RUN_OPTIONS, "--out", str(folder)]  # fmt: skip
+
+
+def challenge_command(seed: int, folder: Path) -> list[str]:
+    """``entrogym eval`` of a finished run's final adapter on ``test_challenge``."""
+    return [*ENTROGYM, "eval", *CHALLENGE, "--seed", str(seed),
+            "--adapter", str(folder / FINAL_ADAPTER), "--out", str(folder / "challenge")]  # fmt: skip
+
+
+def finished(folder: Path) -> bool:
+    return (folder / "challenge" / "eval.json").is_file()
+
+
+def run_one(preset: str, seed: int, out: Path) -> Path:
+    """Train and evaluate one run, logging each command's output beside its folder. A folder
+    left by a stopped training run is started again from nothing (runs are seeded)."""
+    folder = out / f"{preset}-s{seed}"
+    if finished(folder):
+        return folder
+    print(f"{time.strftime('%H:%M:%S')} start {folder.name}", flush=True)
+    if not (folder / FINAL_ADAPTER).is_dir():
+        shutil.rmtree(folder, ignore_errors=True)
+        _logged(train_command(preset, seed, folder), out / f"{folder.name}.train.log")
+    _logged(challenge_command(seed, folder), out / f"{folder.name}.challenge.log")
+    print(f"{time.strftime('%H:%M:%S')} done {folder.name}", flush=True)
+    return folder
+
+
+def _logged(command: list[str], log: Path) -> None:
+    with log.open("w") as stream:
+        done = subprocess.run(command, stdout=stream, stderr=subprocess.STDOUT, cwd=ROOT)
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(command[2:4])} failed ({done.returncode}); see {log}")
+
+
+def archive(folder: Path, into: Path) -> Path:
+    """Copy a finished run's KEPT files into ``into/<run folder's name>``."""
+    target = into / folder.name
+    for name in KEPT:
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(folder / name, target / name)
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--presets", nargs="+", default=[p for p in PRESETS if p != "held-half"],
+                        choices=list(PRESETS))  # fmt: skip
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    parser.add_argument("--lanes", type=int, default=2, help="runs at a time (one thread each)")
+    parser.add_argument("--out", type=Path, default=Path("runs/world-presets"))
+    parser.add_argument("--archive", type=Path, help="copy finished runs' small files here")
+    parser.add_argument("--archive-only", action="store_true", help="run nothing; archive")
+    opts = parser.parse_args(argv)
+    if opts.archive_only and not opts.archive:
+        parser.error("--archive-only needs --archive DIR")
+    opts.out.mkdir(parents=True, exist_ok=True)
+    grid = [(preset, seed) for seed in opts.seeds for preset in opts.presets]
+    if not opts.archive_only:
+        with ThreadPoolExecutor(opts.lanes) as lanes:
+            list(lanes.map(lambda job: run_one(*job, opts.out), grid))
+    done = [f for f in (opts.out / f"{p}-s{s}" for p, s in grid) if finished(f)]
+    if opts.archive:
+        done = [archive(folder, opts.archive) for folder in done]
+    if done:
+        subprocess.run([*ENTROGYM, "compare", *map(str, done)], check=True, cwd=ROOT)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
