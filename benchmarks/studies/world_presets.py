@@ -19,6 +19,7 @@ again without the runs. At the end it prints ``entrogym compare`` over every fin
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -56,7 +57,7 @@ RUN_OPTIONS = ["--threads", "1", "--eval-every", "10", "--input-dependence-every
 # the eval settings the quickstart trains with (docs/envs.md, "Training on it")
 CHALLENGE = ["--env", "entrogym/World-v0", "--split", "test_challenge", "--tool-format", "call",
              "--engine", "hf", "--engine-dtype", "fp32", "--max-response-tokens", "48",
-             "--max-context-tokens", "2048", "--threads", "1"]  # fmt: skip
+             "--max-context-tokens", "2048"]  # fmt: skip
 # what --archive keeps of a run: all that `entrogym compare` and the results log read
 KEPT = ("metrics.jsonl", "config.yaml", "entrogym-run.json", "challenge/eval.json")
 # the adapter after the quickstart's 20th (last) iteration
@@ -96,8 +97,10 @@ def run_one(preset: str, seed: int, out: Path) -> Path:
 
 
 def _logged(command: list[str], log: Path) -> None:
+    # one thread a command: `entrogym eval` has no --threads, and torch reads OMP_NUM_THREADS
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with log.open("w") as stream:
-        done = subprocess.run(command, stdout=stream, stderr=subprocess.STDOUT, cwd=ROOT)
+        done = subprocess.run(command, stdout=stream, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
     if done.returncode:
         raise RuntimeError(f"{' '.join(command[2:4])} failed ({done.returncode}); see {log}")
 
