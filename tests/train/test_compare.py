@@ -111,6 +111,21 @@ def test_summarize_run_reads_every_measure(world):
     assert run.tracking_excursion is None  # no target in its rows
 
 
+def test_a_run_without_a_controller_reports_no_tracking(world):
+    """The trainer logs every run's first entropy as ``entropy_target`` (to report the drift
+    from it); only a run whose saved config has a controller tracked a target."""
+    folder = world[0]
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    with (folder / "metrics.jsonl").open("w") as out:
+        for row in rows:
+            out.write(json.dumps({**row, "entropy_target": 2.0}) + "\n")
+    config = folder / "config.yaml"
+    config.write_text("algo:\n  name: gspo\n  controller: null\nseed: 0\n")
+    assert summarize_run(folder).tracking_excursion is None
+    config.write_text("algo:\n  name: repo-r\n  controller:\n    name: doubling\nseed: 0\n")
+    assert summarize_run(folder).tracking_excursion == pytest.approx(0.875)
+
+
 def test_claims_pair_by_seed_and_read_the_interval(world):
     runs = [summarize_run(d) for d in world]
     claim = check_claim("repo-r>grpo:final_accuracy", runs)
