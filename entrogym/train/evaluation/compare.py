@@ -76,16 +76,30 @@ class RunSummary:
     tracking_excursion: float | None = None  # runs with a target only
 
 
+def saved_config(run_dir: Path) -> dict[str, Any]:
+    """The run's ``config.yaml`` ({} when absent or not a mapping); bounded YAML (yaml_limits)."""
+    saved = read_yaml(run_dir / CONFIG_FILE)
+    return saved if isinstance(saved, dict) else {}
+
+
 def label_and_seed(run_dir: Path) -> tuple[str, int | None]:
     """The run's configuration label (its folder name without a ``-sN`` suffix) and its seed
     (``config.yaml``'s ``seed``, else the suffix's N, else None)."""
     match = _SEED_SUFFIX.match(run_dir.name)
     label = match["label"] if match else run_dir.name
     seed = int(match["seed"]) if match else None
-    saved = read_yaml(run_dir / CONFIG_FILE)  # bounded YAML (yaml_limits), None when absent
-    if isinstance(saved, dict) and isinstance(saved.get("seed"), int):
+    saved = saved_config(run_dir)
+    if isinstance(saved.get("seed"), int):
         seed = saved["seed"]
     return label, seed
+
+
+def has_no_controller(run_dir: Path) -> bool:
+    """Its saved config sets ``algo.controller`` to null. The trainer logs every run's first
+    entropy as ``entropy_target`` (the drift is reported from it), so only a run with a
+    controller tracked a target; a config without the key says nothing either way."""
+    algo = saved_config(run_dir).get("algo")
+    return isinstance(algo, dict) and "controller" in algo and algo["controller"] is None
 
 
 def signal_lost_at(no_signal: list[tuple[int, bool]]) -> int | None:
@@ -122,7 +136,7 @@ def summarize_run(run_dir: str | Path, *, split: str | None = None,
         flags = [(int(r["iteration"]), _no_signal(r)) for r in rows]
         out.no_signal_iterations = sum(none for _, none in flags)
         out.signal_lost_at = signal_lost_at(flags)
-        out.tracking_excursion = tracking_excursion(rows)
+        out.tracking_excursion = None if has_no_controller(path) else tracking_excursion(rows)
         dependence = [r["input_dependence"] for r in rows if _number(r.get("input_dependence"))]
         if dependence:
             out.input_dependence_first, out.input_dependence_last = dependence[0], dependence[-1]
