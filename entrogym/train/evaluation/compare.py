@@ -73,7 +73,7 @@ class RunSummary:
     signal_lost_at: int | None = None
     input_dependence_first: float | None = None
     input_dependence_last: float | None = None
-    tracking_excursion: float | None = None  # runs with a target only
+    tracking_excursion: float | None = None  # runs with a controller only
 
 
 def saved_config(run_dir: Path) -> dict[str, Any]:
