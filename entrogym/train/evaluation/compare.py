@@ -183,7 +183,7 @@ class GroupSummary:
     entropy_last_mean: float | None
     no_signal_mean: float
     entropy_by_turn_mean: dict[str, float]
-    tracking_worst: float | None  # the largest excursion over its seeds (runs with a target)
+    tracking_worst: float | None  # the largest excursion over its seeds (runs with a controller)
 
 
 def _mean(values: list[float | None]) -> float | None:
