@@ -5,7 +5,8 @@ fp32 (``AGENT``: 48 response tokens, 256 context tokens, the demo's system promp
 ``entrogym/Arithmetic-v0`` (``ENV``, ``ENV_KWARGS``), the demo's learning rate and one run's
 ``TrainConfig`` (``demo_config``). The benchmarks read it from here, the one module of theirs
 that imports the demo, and only through its public exports (``entrogym.experiments.__all__``), so a
-change to the demo's settings reaches every benchmark that measures on them.
+change to the demo's settings reaches every benchmark that measures on them. The world study
+takes the demo's world record (``record_world``) from here too.
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ from entrogym.experiments import (
     SYSTEM_PROMPT,
     demo_agent,
     demo_config,
+    record_world,
 )
 
 __all__ = [
     "AGENT", "DEFAULT_LR", "DEFAULT_RUNS", "ENV", "ENV_KWARGS", "PAIRS", "SYSTEM_PROMPT", "demo_agent", "demo_config",
-    "demo_prompts",
+    "demo_prompts", "record_world",
 ]  # fmt: skip
 
 

@@ -9,16 +9,23 @@ A run whose challenge evaluation exists is not run again, so a stopped study res
 stopped. ``--archive DIR`` copies each finished run's small files (metrics, config, the challenge
 evaluation; no adapters) into ``DIR/NAME-sSEED``, where ``entrogym compare DIR/*`` reads them
 again without the runs. At the end it prints ``entrogym compare`` over every finished run.
+``--record FILE`` then writes the demo's record of every run kept in the archive (each
+entropy-keeping configuration's TGC minus GRPO's, paired by seed; entrogym.experiments.
+world_record), with ``--provenance`` saying where its runs are.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/studies/world_presets.py --seeds 1 2 \
         --out runs/world-presets --archive benchmarks/results/world-presets
     PYTHONPATH=$PWD .venv/bin/python benchmarks/studies/world_presets.py --presets grpo held \
         --seeds 0 --archive-only --out runs/world-presets --archive benchmarks/results/world-presets
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/studies/world_presets.py --archive-only \
+        --archive benchmarks/results/world-presets \
+        --record entrogym/experiments/data/world-presets.json --provenance "..."
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -30,8 +37,9 @@ from pathlib import Path
 # The shared benchmark modules (demo_workload.py, ...) sit one folder up.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from demo_workload import DEFAULT_RUNS  # noqa: E402
+from demo_workload import DEFAULT_RUNS, record_world  # noqa: E402
 
+from entrogym.atomic import atomic_write_text  # noqa: E402
 from entrogym.commands.demo_runs import split_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,9 +131,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("runs/world-presets"))
     parser.add_argument("--archive", type=Path, help="copy finished runs' small files here")
     parser.add_argument("--archive-only", action="store_true", help="run nothing; archive")
+    parser.add_argument("--record", type=Path, help="write the demo's record of the archive here")
+    parser.add_argument("--provenance", help="the record's provenance: where its runs are")
     opts = parser.parse_args(argv)
-    if opts.archive_only and not opts.archive:
-        parser.error("--archive-only needs --archive DIR")
+    if (opts.archive_only or opts.record) and not opts.archive:
+        parser.error("--archive-only and --record need --archive DIR")
+    if opts.record and not opts.provenance:
+        parser.error("--record needs --provenance TEXT (where the record's runs are)")
     opts.out.mkdir(parents=True, exist_ok=True)
     grid = [(preset, seed) for seed in opts.seeds for preset in opts.presets]
     if not opts.archive_only:
@@ -136,7 +148,20 @@ def main(argv: list[str] | None = None) -> int:
         done = [archive(folder, opts.archive) for folder in done]
     if done:
         subprocess.run([*ENTROGYM, "compare", *map(str, done)], check=True, cwd=ROOT)
+    if opts.record:
+        write_record(opts.archive, opts.record, opts.provenance)
     return 0
+
+
+def write_record(archive_dir: Path, into: Path, provenance: str) -> dict:
+    """The demo's record of every run kept in ``archive_dir``, written to ``into``."""
+    kept = sorted(p for p in archive_dir.iterdir() if (p / "metrics.jsonl").is_file())
+    if not kept:
+        raise SystemExit(f"--record: no kept runs in {archive_dir}; finish or archive some first")
+    made = record_world(kept, date=time.strftime("%Y-%m-%d"), provenance=provenance)
+    atomic_write_text(into, json.dumps(made, indent=1) + "\n")
+    print(f"recorded {made['runs']} runs in {into}")
+    return made
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ module                                   what it holds
 ``run``, ``pool``, ``pass_at_k``         the demo's jobs, their process pool, each adapter's pass@k
 ``report``, ``log_labels``               the demo's goal, table and plots; each run's log prefix
 ``sequential``, ``sequential_report``    task A then task B from each stage-1 policy; its report
-``data/``                                the newest recorded sequential result, shipped
+``world_record``                         the world's presets against GRPO, recorded for the demo
+``data/``                                the recorded sequential and world results, shipped
 ``lab``, ``lab_config``, ``lab_report``  the bandit lab: its runs, settings, summary and plot
 ``lab_sweep``                            the lab over a grid of knobs
 =======================================  ===========================================================
@@ -68,11 +69,12 @@ from entrogym.experiments.run import (
     train_one,
 )
 from entrogym.experiments.sequential import PAIRS
+from entrogym.experiments.world_record import record_world
 
 __all__ = [
     "ACCURACY_SLACK", "AGENT", "announce_demo", "BAND", "DEFAULT_ITERATIONS", "DEFAULT_LR", "DEFAULT_RUNS",
     "DEFAULT_SEEDS", "DEMO_UPDATE", "DemoRun", "ENV", "ENV_KWARGS", "FALL", "FIRST_TRACKED", "PAIRS",
     "SAMPLES", "SYSTEM_PROMPT", "TASKS", "demo_agent", "demo_config", "evaluate_base", "goal",
     "held_out_accuracy", "plan_jobs", "plot_demo", "report", "run_demo", "run_job", "run_jobs",
-    "tracking", "train_one", "verdict",
+    "record_world", "tracking", "train_one", "verdict",
 ]  # fmt: skip

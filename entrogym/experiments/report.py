@@ -178,7 +178,8 @@ def _pair(first: float | None, last: float | None, fmt: str = ".3f") -> str:
 def story(summary: dict[str, Any], names: dict[str, str]) -> list[str]:
     """The report's first lines, the paper's story in the demo's numbers: per seed, GRPO's
     entropy against each controlled run's; pass@k of every final policy and the base model;
-    and the sequential experiment's line (``summary["sequential"]``), where there is one."""
+    the sequential experiment's line (``summary["sequential"]``) and the multi-turn world's
+    (``summary["world"]``), where there are."""
     records = summary["runs"]
     lines = []
     for seed in sorted({r["seed"] for r in records}):
@@ -205,7 +206,14 @@ def story(summary: dict[str, Any], names: dict[str, str]) -> list[str]:
         newest = summary["sequential"]
         lines.append(_fit(f"sequential, newest recorded ({newest.get('date', 'undated')}; "
                           f"{newest['source']}): {newest['line']}"))  # fmt: skip
+    if summary.get("world"):
+        lines.append(world_story_line(summary["world"]))
     return lines
+
+
+def world_story_line(world: dict[str, str]) -> str:
+    """The multi-turn world's recorded line (``world_record.recorded_world``), wrapped."""
+    return _fit(f"the multi-turn world ({world['date']}; {world['source']}): {world['line']}")
 
 
 def report(summary: dict[str, Any]) -> str:

@@ -32,6 +32,7 @@ from entrogym.experiments.pass_at_k import PassJob, Task, final_adapter, pass_at
 from entrogym.experiments.pool import run_jobs
 from entrogym.experiments.report import goal, plot_demo, report, shown_names
 from entrogym.experiments.sequential_report import measured_line
+from entrogym.experiments.world_record import recorded_world
 
 
 @dataclass(frozen=True)
@@ -251,6 +252,7 @@ def run_demo(
     summary["accuracy_before"] = base[0]["accuracy_before"] if base else None
     summary["base_pass_at_k"] = base_pass
     summary["sequential"] = measured_line()
+    summary["world"] = recorded_world()
     summary["wall_s"] = time.perf_counter() - start
     summary["goal"] = goal(records)
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")

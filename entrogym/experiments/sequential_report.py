@@ -162,7 +162,7 @@ def measured_line(path: Path = SEQUENTIAL_SUMMARY) -> dict[str, str] | None:
     # (date, 1 for the local run so that it wins a tie, source, summary)
     found: list[tuple[str, int, str, dict[str, Any]]] = []
     for item in resources.files("entrogym.experiments").joinpath(RECORDED).iterdir():
-        if item.name.endswith(".json"):
+        if item.name.startswith("sequential-") and item.name.endswith(".json"):
             shipped = json.loads(item.read_text())
             found.append((shipped["date"], 0, shipped["provenance"], shipped))
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from run_folders import write_run
 from scipy import stats
 
 from entrogym.cli import main as entrogym_main
@@ -18,7 +19,6 @@ from entrogym.train.evaluation.compare import (
     tracking_excursion,
 )
 from entrogym.train.evaluation.interval import mean_interval, t_cdf, t_quantile
-from entrogym.train.folder.metrics import MetricsLogger
 
 
 @pytest.mark.parametrize("df", [1, 2, 3, 5, 8, 13, 30, 100])
@@ -61,29 +61,6 @@ def test_tracking_excursion_reads_the_tracked_entropy_from_the_third_iteration()
     assert tracking_excursion(untracked) == pytest.approx(0.3)
 
 
-def _write_run(path, *, seed: int, entropies: list[float], evals: dict[int, float],
-               zero_adv: list[int] | None = None, dependence: dict[int, float] | None = None,
-               challenge: float | None = None) -> None:  # fmt: skip
-    """A run folder as the trainer writes it: config.yaml, train rows (4 groups), eval rows,
-    and, if given, a second split's eval.json as `entrogym eval` writes it."""
-    path.mkdir(parents=True)
-    (path / "config.yaml").write_text(f"algo:\n  name: grpo\nseed: {seed}\n")
-    with MetricsLogger(path, tensorboard=False) as log:
-        for it, h in enumerate(entropies):
-            row = {"iteration": it, "algo": "grpo", "entropy": h, "groups": 4,
-                   "zero_adv_groups": (zero_adv or [0] * len(entropies))[it],
-                   "entropy_by_turn": {"1": h / 2, "2": h}}  # fmt: skip
-            if dependence and it in dependence:
-                row["input_dependence"] = dependence[it]
-            log.log(row, step=it)
-            if it in evals:
-                log.log({"kind": "eval", "iteration": it, "split": "test_normal",
-                         "tgc": evals[it], "accuracy": evals[it]}, step=it)  # fmt: skip
-    if challenge is not None:
-        (path / "challenge").mkdir()
-        (path / "challenge" / "eval.json").write_text(json.dumps({"summary": {"tgc": challenge}}))
-
-
 @pytest.fixture
 def world(tmp_path):
     """Three seeds of `grpo` and `repo-r`: repo-r ends higher on every seed, by 0.15-0.2."""
@@ -91,7 +68,7 @@ def world(tmp_path):
     for seed, (g, r) in enumerate([(0.4, 0.55), (0.3, 0.5), (0.5, 0.68)]):
         for label, final, decay in (("grpo", g, 0.5), ("repo-r", r, 0.9)):
             d = tmp_path / f"{label}-s{seed}"
-            _write_run(d, seed=seed, entropies=[2.0 * decay**i for i in range(4)],
+            write_run(d, seed=seed, entropies=[2.0 * decay**i for i in range(4)],
                        evals={0: 0.1, 3: final}, zero_adv=[0, 4, 0, 4] if label == "grpo" else None,
                        dependence={0: 1.2, 2: 1.0 + final}, challenge=final / 10)  # fmt: skip
             dirs.append(d)
