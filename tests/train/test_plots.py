@@ -156,3 +156,26 @@ def test_multi_turn_runs_get_the_turns_panels(tmp_path):
     assert len(hist.patches) == 6  # three turn counts, two runs
     plt.close(fig)
     assert turns_figure([("single", loaded[2].train_rows)]) is None
+
+
+def test_runs_of_one_algorithm_with_different_settings_are_not_averaged(tmp_path):
+    """The held run is GRPO with an entropy constraint: its rows say ``algo: grpo`` too, but
+    its saved config's ``algo`` settings differ, so it is a line of its own (named by its folder),
+    while two seeds of one configuration are still one averaged line."""
+    plain = "algo:\n  name: grpo\n  controller: null\nseed: {seed}\n"
+    held = "algo:\n  name: grpo\n  lever: entropy-constraint\n  controller:\n    target: 1.0\nseed: 1\n"
+    dirs = [tmp_path / "grpo-s1", tmp_path / "grpo-s2", tmp_path / "held-s1"]
+    for d, decay, config in zip(dirs, (0.8, 0.85, 0.99), (plain.format(seed=1),
+                                plain.format(seed=2), held), strict=True):  # fmt: skip
+        _write_run(d, "grpo", decay)
+        (d / "config.yaml").write_text(config)
+    loaded = [load_run(d) for d in dirs]
+    fig = entropy_figure(loaded)
+    lines = fig.axes[0].get_lines()
+    assert [line.get_label() for line in lines] == ["grpo (mean of 2 runs)", "held (grpo)"]
+    assert lines[1].get_ydata()[0] == pytest.approx(0.99)  # the held run's own curve
+    plt.close(fig)
+    fig = accuracy_vs_entropy_figure(loaded)
+    labels = [c.get_label() for c in fig.axes[0].collections if not c.get_label().startswith("_")]
+    assert labels == ["grpo", "held (grpo)"]
+    plt.close(fig)
