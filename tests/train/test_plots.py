@@ -179,3 +179,13 @@ def test_runs_of_one_algorithm_with_different_settings_are_not_averaged(tmp_path
     labels = [c.get_label() for c in fig.axes[0].collections if not c.get_label().startswith("_")]
     assert labels == ["grpo", "held (grpo)"]
     plt.close(fig)
+
+
+def test_configurations_named_alike_still_get_lines_of_their_own(tmp_path):
+    dirs = [tmp_path / "a" / "grpo", tmp_path / "b" / "grpo"]
+    for d, decay, extra in zip(dirs, (0.8, 0.9), ("", "  lever: kl-cov\n"), strict=True):
+        _write_run(d, "grpo", decay)
+        (d / "config.yaml").write_text(f"algo:\n  name: grpo\n{extra}seed: 0\n")
+    fig = entropy_figure([load_run(d) for d in dirs])
+    assert [line.get_label() for line in fig.axes[0].get_lines()] == ["grpo", "grpo #2"]
+    plt.close(fig)

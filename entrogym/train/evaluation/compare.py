@@ -31,9 +31,7 @@ from entrogym.train.evaluation.correlation import Correlation, correlation_of
 from entrogym.train.evaluation.interval import Interval, mean_interval
 from entrogym.train.evaluation.plots import cumulative_at, load_run
 from entrogym.train.evaluation.target_tracking import FIRST_TRACKED, filled_targets, max_excursion
-from entrogym.train.folder.layout import CONFIG_FILE, read_yaml
-
-_SEED_SUFFIX = re.compile(r"^(?P<label>.+?)-s(?P<seed>\d+)$")
+from entrogym.train.folder.layout import label_and_seed, saved_config
 
 # The paper's claims that a side-by-side table can test, as "A>B:measure": A's measure is
 # larger than B's, paired by seed. Multi-step (PPO-like) updates deplete entropy faster than
@@ -74,24 +72,6 @@ class RunSummary:
     input_dependence_first: float | None = None
     input_dependence_last: float | None = None
     tracking_excursion: float | None = None  # runs with a controller only
-
-
-def saved_config(run_dir: Path) -> dict[str, Any]:
-    """The run's ``config.yaml`` ({} when absent or not a mapping); bounded YAML (yaml_limits)."""
-    saved = read_yaml(run_dir / CONFIG_FILE)
-    return saved if isinstance(saved, dict) else {}
-
-
-def label_and_seed(run_dir: Path) -> tuple[str, int | None]:
-    """The run's configuration label (its folder name without a ``-sN`` suffix) and its seed
-    (``config.yaml``'s ``seed``, else the suffix's N, else None)."""
-    match = _SEED_SUFFIX.match(run_dir.name)
-    label = match["label"] if match else run_dir.name
-    seed = int(match["seed"]) if match else None
-    saved = saved_config(run_dir)
-    if isinstance(saved.get("seed"), int):
-        seed = saved["seed"]
-    return label, seed
 
 
 def has_no_controller(run_dir: Path) -> bool:

@@ -1,7 +1,9 @@
 """The paper's Figure 1 panels from run folders: ``entrogym plot RUN [RUN ...] --out DIR``.
 
-* ``entropy.png``: mean token entropy against iteration, one line per algorithm; runs with
-  the same ``algo`` (several seeds) are averaged, with a min-max band.
+* ``entropy.png``: mean token entropy against iteration, one line per configuration; runs with
+  the same ``algo`` settings in their ``config.yaml`` (several seeds) are averaged, with a
+  min-max band. An algorithm run with other settings (GRPO with an entropy constraint beside
+  plain GRPO) is a line of its own, named by its folder (without a ``-sN`` seed suffix).
 * ``accuracy.png``: eval accuracy against iteration, the same way.
 * ``accuracy_vs_cumulative_entropy.png``: one point per eval row of every run, x = cumulative
   entropy up to that iteration, y = accuracy; each run's best point is highlighted.
@@ -17,7 +19,7 @@ import json
 import math
 import os
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from entrogym.atomic import atomic_path, atomic_write_text  # noqa: E402
 from entrogym.train.evaluation.correlation import Correlation, correlation_of  # noqa: E402
 from entrogym.train.evaluation.turn_plots import turns_figure  # noqa: E402
+from entrogym.train.folder.layout import label_and_seed, saved_config  # noqa: E402
 from entrogym.train.folder.metrics import cumulative_entropy, read_metrics  # noqa: E402
 
 # Eval-row fields tried in order when no metric is named: the share of tasks solved.
@@ -44,6 +47,9 @@ class Run:
 
     path: Path
     algo: str
+    # the saved config's ``algo`` settings, as canonical JSON: runs alike but for the seed
+    # share it, so they are averaged into one line
+    settings: str = ""
     entropy: dict[int, float] = field(default_factory=dict)  # iteration -> mean entropy
     cumulative: dict[int, float] = field(default_factory=dict)  # iteration -> cumulative
     accuracy: dict[int, float] = field(default_factory=dict)  # iteration -> eval accuracy
@@ -61,7 +67,8 @@ def load_run(
     path = Path(run_dir)
     rows = read_metrics(path)
     algo = next((str(r["algo"]) for r in rows if r.get("algo")), path.name)
-    run = Run(path=path, algo=algo)
+    settings = json.dumps(saved_config(path).get("algo"), sort_keys=True, default=str)
+    run = Run(path=path, algo=algo, settings=settings)
     train = _last_row_per_iteration(
         path, [(n, r) for n, r in enumerate(rows, start=1) if r.get("kind", "train") == "train"]
     )
@@ -128,17 +135,36 @@ def cumulative_at(run: Run, iteration: int) -> float:
     return run.cumulative[max(before)] if before else 0.0
 
 
+def line_labels(runs: list[Run]) -> dict[Path, str]:
+    """Each run's line: its algorithm's name, or, where runs of one algorithm differ in their
+    settings, ``LABEL (algo)`` with LABEL the folder's name without a ``-sN`` seed suffix (the
+    first run's of each configuration); ``#N`` tells apart configurations named alike."""
+    first: dict[tuple[str, str], Path] = {}
+    for run in runs:
+        first.setdefault((run.algo, run.settings), run.path)
+    kinds = Counter(algo for algo, _ in first)
+    names: dict[tuple[str, str], str] = {}
+    for (algo, settings), path in first.items():
+        label = label_and_seed(path)[0]
+        name = algo if kinds[algo] == 1 or label == algo else f"{label} ({algo})"
+        taken = sum(n == name or n.startswith(f"{name} #") for n in names.values())
+        names[algo, settings] = f"{name} #{taken + 1}" if taken else name
+    return {run.path: names[run.algo, run.settings] for run in runs}
+
+
 def _grouped(runs: list[Run], attr: str) -> dict[str, list[dict[int, float]]]:
+    labels = line_labels(runs)
     groups: dict[str, list[dict[int, float]]] = defaultdict(list)
     for run in runs:
         series = getattr(run, attr)
         if series:
-            groups[run.algo].append(series)
+            groups[labels[run.path]].append(series)
     return groups
 
 
 def _curve_figure(runs: list[Run], attr: str, ylabel: str, title: str) -> Figure:
-    """One line per algorithm (mean over its runs) with a min-max band where it has several."""
+    """One line per configuration (mean over its runs) with a min-max band where it has
+    several."""
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for algo, series in _grouped(runs, attr).items():
         iterations = sorted(set().union(*series))
@@ -176,20 +202,22 @@ def accuracy_figure(runs: list[Run]) -> Figure:
 
 def accuracy_vs_entropy_figure(runs: list[Run]) -> Figure:
     """Figure 1 (bottom row): accuracy of each checkpoint against the cumulative entropy up to
-    it; one scatter per run, coloured by algorithm, best checkpoint per run highlighted."""
+    it; one scatter per run, coloured by configuration, best checkpoint per run highlighted."""
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     colors: dict[str, str] = {}
     labelled: set[str] = set()
     cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    lines = line_labels(runs)
     for run in runs:
         if not run.accuracy:
             continue
-        color = colors.setdefault(run.algo, cycle[len(colors) % len(cycle)])
+        name = lines[run.path]
+        color = colors.setdefault(name, cycle[len(colors) % len(cycle)])
         its = sorted(run.accuracy)
         xs = [cumulative_at(run, it) for it in its]
         ys = [run.accuracy[it] for it in its]
-        label = None if run.algo in labelled else run.algo
-        labelled.add(run.algo)
+        label = None if name in labelled else name
+        labelled.add(name)
         ax.scatter(xs, ys, color=color, s=18, alpha=0.6, label=label)
         best = max(range(len(ys)), key=lambda i: (ys[i], -its[i]))
         ax.scatter(

@@ -9,6 +9,7 @@ would overwrite, and a run file replaced by a folder (or a folder by a file).
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,28 @@ def read_yaml(path: Path) -> Any:
         raise RunFolderError(f"{exc}; restore the run's own config.yaml") from exc
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise RunFolderError(f"{path} is unreadable ({exc}); fix or restore it") from exc
+
+
+def saved_config(run_dir: Path) -> dict[str, Any]:
+    """The run's ``config.yaml`` ({} when absent or not a mapping); bounded YAML (yaml_limits)."""
+    saved = read_yaml(run_dir / CONFIG_FILE)
+    return saved if isinstance(saved, dict) else {}
+
+
+# a folder named LABEL-sN is seed N of the configuration LABEL (entrogym compare, plot)
+_SEED_SUFFIX = re.compile(r"^(?P<label>.+?)-s(?P<seed>\d+)$")
+
+
+def label_and_seed(run_dir: Path) -> tuple[str, int | None]:
+    """The run's configuration label (its folder name without a ``-sN`` suffix) and its seed
+    (``config.yaml``'s ``seed``, else the suffix's N, else None)."""
+    match = _SEED_SUFFIX.match(run_dir.name)
+    label = match["label"] if match else run_dir.name
+    seed = int(match["seed"]) if match else None
+    saved = saved_config(run_dir)
+    if isinstance(saved.get("seed"), int):
+        seed = saved["seed"]
+    return label, seed
 
 
 def is_entrogym_run(run_dir: str | os.PathLike[str]) -> bool:
