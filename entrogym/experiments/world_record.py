@@ -15,7 +15,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from entrogym.train.evaluation.compare import compare
 from entrogym.train.evaluation.interval import Interval
 
 # the configurations that keep entropy (the paper's REPO-R, REPO-D and ADAPO; the demo's held
@@ -36,6 +35,9 @@ def world_claims() -> tuple[str, ...]:
 def record_world(run_dirs: list[str | Path], *, date: str, provenance: str) -> dict[str, Any]:
     """The record of ``run_dirs`` (``LABEL-sSEED`` folders): its date and provenance, and each
     claim's label, seeds and paired difference, as :func:`world_line` reads them."""
+    # here, not at the top: compare draws with matplotlib, which the demo's start need not load
+    from entrogym.train.evaluation.compare import compare
+
     result = compare(run_dirs, claims=world_claims())
     return {
         "date": date,

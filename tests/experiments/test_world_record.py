@@ -4,6 +4,7 @@ differences it keeps, the line the demo prints and when that line says the effec
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -110,3 +111,10 @@ def test_the_study_records_every_kept_run_and_refuses_without_provenance(tmp_pat
     adapo = next(c for c in saved["claims"] if c["label"] == "adapo")
     assert saved["runs"] == 4 and adapo["seeds"] == [0, 1]
     assert adapo["difference"]["mean"] == pytest.approx(0.075)
+
+
+def test_the_demos_package_loads_no_plotting_for_the_world_record():
+    # the record's compare draws with matplotlib; the demo's start (and its one-line errors)
+    # must not pay for it
+    code = "import sys, entrogym.experiments; sys.exit('matplotlib' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
