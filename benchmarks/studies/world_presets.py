@@ -5,8 +5,9 @@ Each preset and seed trains as ``examples/configs/world-quickstart.yaml`` does (
 4 tasks x 4 samples), one thread a run and ``--lanes`` runs at a time, evaluated on
 ``test_normal``'s first 40 tasks after iterations 0, 10 and 19, with the input dependence every 5
 iterations; its final adapter is then evaluated on ``test_challenge`` into ``RUN/challenge``.
-A run whose challenge evaluation exists is not run again, so a stopped study resumes where it
-stopped. ``--archive DIR`` copies each finished run's small files (metrics, config, the challenge
+A run whose challenge evaluation exists is not run again, and a training run stopped part way
+(``kill -TERM`` to the study's process group checkpoints it) resumes from its newest checkpoint
+(``entrogym train --resume``, exact), so a stopped study goes on where it stopped. ``--archive DIR`` copies each finished run's small files (metrics, config, the challenge
 evaluation; no adapters) into ``DIR/NAME-sSEED``, where ``entrogym compare DIR/*`` reads them
 again without the runs. At the end it prints ``entrogym compare`` over every finished run.
 ``--record FILE`` then writes the demo's record of every run kept in the archive (each
@@ -41,6 +42,7 @@ from demo_workload import DEFAULT_RUNS, record_world  # noqa: E402
 
 from entrogym.atomic import atomic_write_text  # noqa: E402
 from entrogym.commands.demo_runs import split_run  # noqa: E402
+from entrogym.train.folder.layout import has_checkpoint  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "examples" / "configs" / "world-quickstart.yaml"
@@ -72,11 +74,13 @@ KEPT = ("metrics.jsonl", "config.yaml", "entrogym-run.json", "challenge/eval.jso
 FINAL_ADAPTER = Path("checkpoints", "iter-000019", "adapter")
 
 
-def train_command(preset: str, seed: int, folder: Path) -> list[str]:
-    """``entrogym train`` for one preset and seed: the preset's spec as ``--algo`` options."""
+def train_command(preset: str, seed: int, folder: Path, *, resume: bool = False) -> list[str]:
+    """``entrogym train`` for one preset and seed: the preset's spec as ``--algo`` options;
+    ``--resume`` to go on from the folder's newest checkpoint."""
     name, *options = PRESETS[preset].split()
     return [*ENTROGYM, "train", "--config", str(CONFIG), "--algo", name, *options,
-            "--seed", str(seed), *RUN_OPTIONS, "--out", str(folder)]  # fmt: skip
+            "--seed", str(seed), *RUN_OPTIONS, "--out", str(folder),
+            *(["--resume"] if resume else [])]  # fmt: skip
 
 
 def challenge_command(seed: int, folder: Path) -> list[str]:
@@ -91,23 +95,27 @@ def finished(folder: Path) -> bool:
 
 def run_one(preset: str, seed: int, out: Path) -> Path:
     """Train and evaluate one run, logging each command's output beside its folder. A folder
-    left by a stopped training run is started again from nothing (runs are seeded)."""
+    left by a stopped training run resumes from its newest checkpoint, its log appended to; one
+    without a checkpoint is started again from nothing."""
     folder = out / f"{preset}-s{seed}"
     if finished(folder):
         return folder
     print(f"{time.strftime('%H:%M:%S')} start {folder.name}", flush=True)
     if not (folder / FINAL_ADAPTER).is_dir():
-        shutil.rmtree(folder, ignore_errors=True)
-        _logged(train_command(preset, seed, folder), out / f"{folder.name}.train.log")
+        resume = has_checkpoint(folder)
+        if not resume:
+            shutil.rmtree(folder, ignore_errors=True)
+        _logged(train_command(preset, seed, folder, resume=resume),
+                out / f"{folder.name}.train.log", append=resume)  # fmt: skip
     _logged(challenge_command(seed, folder), out / f"{folder.name}.challenge.log")
     print(f"{time.strftime('%H:%M:%S')} done {folder.name}", flush=True)
     return folder
 
 
-def _logged(command: list[str], log: Path) -> None:
+def _logged(command: list[str], log: Path, *, append: bool = False) -> None:
     # one thread a command: `entrogym eval` has no --threads, and torch reads OMP_NUM_THREADS
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    with log.open("w") as stream:
+    with log.open("a" if append else "w") as stream:
         done = subprocess.run(command, stdout=stream, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
     if done.returncode:
         raise RuntimeError(f"{' '.join(command[2:4])} failed ({done.returncode}); see {log}")
