@@ -7,7 +7,8 @@ Each preset and seed trains as ``examples/configs/world-quickstart.yaml`` does (
 iterations; its final adapter is then evaluated on ``test_challenge`` into ``RUN/challenge``.
 A run whose challenge evaluation exists is not run again, and a training run stopped part way
 (``kill -TERM`` to the study's process group checkpoints it) resumes from its newest checkpoint
-(``entrogym train --resume``, exact), so a stopped study goes on where it stopped. ``--archive DIR`` copies each finished run's small files (metrics, config, the challenge
+(``entrogym train --resume``, exact), so a stopped study goes on where it stopped.
+``--archive DIR`` copies each finished run's small files (metrics, config, the challenge
 evaluation; no adapters) into ``DIR/NAME-sSEED``, where ``entrogym compare DIR/*`` reads them
 again without the runs. At the end it prints ``entrogym compare`` over every finished run.
 ``--record FILE`` then writes the demo's record of every run kept in the archive (each

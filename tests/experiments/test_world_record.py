@@ -57,6 +57,8 @@ def test_the_record_keeps_each_configurations_paired_difference_against_grpo(tmp
         "effect shown (goal: +0.05 over >= 6 seeds, 95 % interval above 0)"
     )
     assert "adapo" not in line
+    unpaired = {"claims": [{"label": "held", "seeds": [], "difference": None}]}
+    assert world_line(unpaired) == "no configuration ran beside GRPO on a common seed"
 
 
 @pytest.mark.parametrize(

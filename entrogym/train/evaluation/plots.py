@@ -34,7 +34,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from entrogym.atomic import atomic_path, atomic_write_text  # noqa: E402
 from entrogym.train.evaluation.correlation import Correlation, correlation_of  # noqa: E402
 from entrogym.train.evaluation.turn_plots import turns_figure  # noqa: E402
-from entrogym.train.folder.layout import label_and_seed, saved_config  # noqa: E402
+from entrogym.train.folder.layout import folder_label, saved_config  # noqa: E402
 from entrogym.train.folder.metrics import cumulative_entropy, read_metrics  # noqa: E402
 
 # Eval-row fields tried in order when no metric is named: the share of tasks solved.
@@ -145,7 +145,7 @@ def line_labels(runs: list[Run]) -> dict[Path, str]:
     kinds = Counter(algo for algo, _ in first)
     names: dict[tuple[str, str], str] = {}
     for (algo, settings), path in first.items():
-        label = label_and_seed(path)[0]
+        label = folder_label(path)
         name = algo if kinds[algo] == 1 or label == algo else f"{label} ({algo})"
         taken = sum(n == name or n.startswith(f"{name} #") for n in names.values())
         names[algo, settings] = f"{name} #{taken + 1}" if taken else name

@@ -61,16 +61,21 @@ def saved_config(run_dir: Path) -> dict[str, Any]:
 _SEED_SUFFIX = re.compile(r"^(?P<label>.+?)-s(?P<seed>\d+)$")
 
 
-def label_and_seed(run_dir: Path) -> tuple[str, int | None]:
-    """The run's configuration label (its folder name without a ``-sN`` suffix) and its seed
-    (``config.yaml``'s ``seed``, else the suffix's N, else None)."""
+def folder_label(run_dir: Path) -> str:
+    """The run's configuration label: its folder name without a ``-sN`` seed suffix."""
     match = _SEED_SUFFIX.match(run_dir.name)
-    label = match["label"] if match else run_dir.name
+    return match["label"] if match else run_dir.name
+
+
+def label_and_seed(run_dir: Path) -> tuple[str, int | None]:
+    """The run's configuration label (:func:`folder_label`) and its seed (``config.yaml``'s
+    ``seed``, else the suffix's N, else None)."""
+    match = _SEED_SUFFIX.match(run_dir.name)
     seed = int(match["seed"]) if match else None
     saved = saved_config(run_dir)
     if isinstance(saved.get("seed"), int):
         seed = saved["seed"]
-    return label, seed
+    return folder_label(run_dir), seed
 
 
 def is_entrogym_run(run_dir: str | os.PathLike[str]) -> bool:
