@@ -136,6 +136,8 @@ class Trainer:
             raise self._interrupted(start - 1)
         self.sampler.publish_adapter(start)
         self.sampler.adapters.publish_older(start)
+        if self.state.evaluation_owed:  # the weights a stop left unevaluated (published now)
+            self._evaluate_owed(start - 1)
         probed = self.feed.start(start)  # the target probe, on a fresh run that asks for one
         if probed:
             self.run.say(probed)
@@ -276,14 +278,11 @@ class Trainer:
         self.run.say(summary_line(row))
         improved = False
         stopping = self._stop_requested()  # then an evaluation would only delay the stop
-        if self.sampler.evaluation_due(it) and not stopping:
-            eval_row = self.sampler.evaluate(it)
-            self.run.log(eval_row, it)
-            # an eval with env errors measured the env too: it never marks the best
-            score = eval_row["pass@1"] if eval_row["env_errors"] == 0 else None
-            improved = score is not None and score > self.state.best
-            self.state.best = max(self.state.best, score) if improved else self.state.best
+        due = self.sampler.evaluation_due(it)
+        if due and not stopping:
+            improved = self._evaluate(it)
         if stopping or self._stop_requested():
+            self.state.evaluation_owed = due and stopping  # the resume evaluates it first
             raise self._interrupted(it, best=improved)
         if (it + 1) % cfg.checkpoint_every == 0 or it == cfg.iterations - 1 or improved:
             self.checkpoint(it, best=improved)
@@ -292,6 +291,26 @@ class Trainer:
                 f"{self.state.bad_steps} optimizer steps were skipped for non-finite losses "
                 f"or gradients (max_bad_steps={cfg.max_bad_steps}); lower lr or use dtype fp32"
             )
+
+    def _evaluate(self, it: int) -> bool:
+        """The held-out evaluation of the weights after iteration ``it``, logged; whether it
+        is the best so far."""
+        eval_row = self.sampler.evaluate(it)
+        self.run.log(eval_row, it)
+        # an eval with env errors measured the env too: it never marks the best
+        score = eval_row["pass@1"] if eval_row["env_errors"] == 0 else None
+        improved = score is not None and score > self.state.best
+        self.state.best = max(self.state.best, score) if improved else self.state.best
+        return improved
+
+    def _evaluate_owed(self, it: int) -> None:
+        """A resume after a stop that skipped iteration ``it``'s due evaluation: run it now,
+        in the place an uninterrupted run has it (after ``it``'s row, before ``it + 1``'s), and
+        checkpoint ``it`` again where it is the best so far, as that run would have."""
+        improved = self._evaluate(it)
+        self.state.evaluation_owed = False
+        if improved:
+            self.checkpoint(it, best=True)
 
     def _old_logprobs(self, batch: UpdateBatch, it: int, staleness: torch.Tensor) -> bool:
         """Give ``batch`` the ratio's denominator where the update would not score it itself:

@@ -23,6 +23,8 @@ class TrainState:
         (``control_feed.states_to_dict``); empty for other estimators.
     metrics_rows: complete rows of ``metrics.jsonl`` that belong to these iterations.
     algo: the preset's name (a resume checks it).
+    evaluation_owed: a stop came between ``iteration``'s update and its due held-out
+        evaluation, which a resume runs before it goes on.
     """
 
     iteration: int = -1
@@ -33,6 +35,7 @@ class TrainState:
     probe_states: list[dict[str, Any]] = field(default_factory=list)
     metrics_rows: int = 0
     algo: str = ""
+    evaluation_owed: bool = False
 
     @property
     def start(self) -> int:
