@@ -300,7 +300,8 @@ class Trainer:
         # an eval with env errors measured the env too: it never marks the best
         score = eval_row["pass@1"] if eval_row["env_errors"] == 0 else None
         improved = score is not None and score > self.state.best
-        self.state.best = max(self.state.best, score) if improved else self.state.best
+        if improved:
+            self.state.best = score
         return improved
 
     def _evaluate_owed(self, it: int) -> None:
