@@ -6,8 +6,10 @@ tool calls, and how episodes ended. This is how the world's task mix and prompt 
 The episodes run through the path a user's run takes: ``collect_rollouts`` with the registered
 env and an ``LLMAgent`` in the ``call`` tool format, the env's demonstrations as chat turns,
 temperature 1 (the training temperature). Every task of each split is run ``--samples`` times.
+``--adapter`` measures a trained LoRA policy the same way (a run's ``checkpoints/*/adapter``).
 
     python benchmarks/world_base_rates.py --samples 3 --out benchmarks/results/world.json
+    python benchmarks/world_base_rates.py --adapter RUN/checkpoints/latest/adapter --splits test_normal
     python benchmarks/world_base_rates.py --model tiny-random-llama --scenarios 1 --samples 1
 """
 
@@ -21,7 +23,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from entrogym.agents.agent import LLMAgent
-from entrogym.agents.engines import SamplingParams, make_engine
+from entrogym.agents.engines import SamplingParams, check_adapter, make_engine
 from entrogym.agents.rollout import collect_rollouts
 from entrogym.agents.tool_format import get_tool_format
 from entrogym.atomic import atomic_write_text
@@ -71,6 +73,7 @@ def summarize(episodes: list[Any], tools: list[dict[str, Any]], fmt: Any) -> dic
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--adapter", default=None, help="LoRA adapter to measure (None: base)")
     p.add_argument("--splits", nargs="+", default=["test_normal", "test_challenge"])
     p.add_argument("--scenarios", type=int, default=8, help="test scenarios per template")
     p.add_argument("--samples", type=int, default=3, help="episodes per task")
@@ -100,6 +103,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     unknown = set(args.templates or ()) - set(TEMPLATES)
     if unknown:
         p.error(f"unknown template(s) {sorted(unknown)}; choose from {list(TEMPLATES)}")
+    if args.adapter is not None:
+        try:
+            args.adapter = check_adapter(args.adapter, resolve_model(args.model))
+        except ValueError as e:
+            p.error(str(e))
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.model))
     engine = make_engine("hf", args.model, dtype=args.dtype, max_model_len=2048,
                          decode=args.decode, seed=args.seed)  # fmt: skip
@@ -107,7 +115,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                      max_context=2048, on_turn_budget=probe.on_turn_budget)  # fmt: skip
     fmt = get_tool_format("call")
     results: dict[str, Any] = {
-        "model": args.model, "env": ENV_ID, "env_kwargs": env_kwargs,
+        "model": args.model, "adapter": args.adapter, "env": ENV_ID, "env_kwargs": env_kwargs,
         "temperature": args.temperature, "samples": args.samples,
         "max_turn_tokens": args.max_turn_tokens, "dtype": args.dtype, "decode": args.decode,
         "seed": args.seed, "host": platform.processor() or platform.machine(), "splits": {},
@@ -124,7 +132,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 episodes += collect_rollouts(
                     ENV_ID, tasks[start : start + per_batch], engine, agent, k=args.samples,
                     early_stop=False, sampling=SamplingParams(temperature=args.temperature),
-                    seed=args.seed + start * args.samples,
+                    seed=args.seed + start * args.samples, adapter=args.adapter,
                     env_kwargs={**env_kwargs, "split": split}, env_workers=0,
                 )  # fmt: skip
                 print(f"  {split}: {len(episodes)} episodes, "

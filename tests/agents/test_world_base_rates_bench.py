@@ -57,9 +57,38 @@ def test_a_tiny_model_run_adds_up(tmp_path: Path) -> None:
         (["--templates", "nope"], "unknown template(s) ['nope']"),
         (["--demonstrations", "nope"], "demonstrations must be a list of names"),
         (["--splits", "dev"], "unknown split 'dev'"),
+        (["--adapter", "no-such-folder"], "is not a peft adapter folder"),
     ],
 )
 def test_bad_input_is_one_line(argv: list[str], message: str, capsys) -> None:
     with pytest.raises(SystemExit) as stop:
         world_base_rates.main(argv)
     assert stop.value.code == 2 and message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_an_adapter_is_what_gets_measured(tmp_path: Path) -> None:
+    """``--adapter`` samples through the LoRA (other actions than the base under one seed)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from entrogym.train.learner.policy import load_base_model
+
+    torch.manual_seed(0)
+    lora = get_peft_model(
+        load_base_model("tiny-random-llama", dtype="fp32"),
+        LoraConfig(r=4, lora_alpha=64, target_modules=["q_proj", "down_proj"],
+                   init_lora_weights=False, task_type="CAUSAL_LM"),
+    )  # fmt: skip
+    lora.save_pretrained(str(tmp_path / "adapter"))
+    argv = ["--model", "tiny-random-llama", "--scenarios", "1", "--samples", "2",
+            "--max-turns", "2", "--max-turn-tokens", "8", "--decode", "generate",
+            "--splits", "test_normal", "--templates", "msg", "--all-episodes"]  # fmt: skip
+    base = world_base_rates.main(argv)
+    tuned = world_base_rates.main([*argv, "--adapter", str(tmp_path / "adapter")])
+    assert base["adapter"] is None and tuned["adapter"] == str((tmp_path / "adapter").resolve())
+
+    def actions(report: dict) -> list:
+        return [e["actions"] for e in report["splits"]["test_normal"]["episodes"]]
+
+    assert actions(base) == actions(world_base_rates.main(argv))  # the seed fixes the sample
+    assert actions(tuned) != actions(base)
