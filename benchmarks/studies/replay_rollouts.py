@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import random
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +23,10 @@ from entrogym.agents.engines import SamplingParams, check_adapter, make_engine
 from entrogym.agents.rollout import collect_rollouts
 from entrogym.models import resolve_model
 from entrogym.train.config import TrainConfig
+from entrogym.train.devices.distributed import Ranks
 from entrogym.train.folder.layout import saved_config
-from entrogym.train.sampler.engine import _task_ids, iteration_seed
+from entrogym.train.sampler.engine import Sampler, iteration_seed
+from entrogym.train.shutdown import ShutdownRequest
 
 
 def run_config(run: Path) -> TrainConfig:
@@ -42,22 +43,23 @@ def replay(cfg: TrainConfig, adapter: str, iterations: int) -> list[dict[str, An
     engine = make_engine(cfg.engine, cfg.model, **cfg.engine_kwargs(
         seed=cfg.seed, lora_rank=cfg.lora_rank, max_num_seqs=cfg.tasks_per_iter * cfg.samples,
         threads=cfg.threads))  # fmt: skip
-    # the split, env kwargs, turn-budget rule and agent as the run's sampler makes them
-    tasks, _, rule = _task_ids(cfg)
-    env_kwargs = cfg.env_kwargs_for(cfg.env, cfg.env_kwargs)
-    agent = LLMAgent.from_model(cfg.model, **{**cfg.agent_kwargs(), "on_turn_budget": rule})
+    # the run's own sampler gives the task draw, env kwargs and turn-budget rule; envs in this
+    # process (no worker pool), and nothing is written to the run's folder
+    sampler = Sampler(dataclasses.replace(cfg, env_workers=0), Ranks(), ShutdownRequest(0), engine)
+    agent = LLMAgent.from_model(cfg.model, **{**cfg.agent_kwargs(),
+                                               "on_turn_budget": sampler.on_turn_budget})  # fmt: skip
     rows = []
     try:
         for it in range(iterations):
-            # the task draw and env seeds of entrogym.train.sampler.engine (tasks_of, rollouts)
-            drawn = random.Random(iteration_seed(cfg.seed, it)).sample(tasks, cfg.tasks_per_iter)
+            drawn = sampler.tasks_of(it)
             episodes = list(collect_rollouts(
                 cfg.env, drawn, engine, agent, k=cfg.samples,
                 sampling=SamplingParams(temperature=cfg.temperature), adapter=adapter,
                 min_done_per_task=cfg.early_stop_min_per_task,
-                min_done_fraction=cfg.early_stop_fraction, env_kwargs=env_kwargs,
+                min_done_fraction=cfg.early_stop_fraction, env_kwargs=sampler.env_kwargs,
+                # the env seeds of Sampler.rollouts
                 seed=iteration_seed(cfg.seed, it * cfg.tasks_per_iter * cfg.samples),
-                env_workers=0,
+                env_workers=0, turn_rewards=cfg.turn_rewards,
             ))  # fmt: skip
             rows.append({
                 "iteration": it, "tasks": drawn,
